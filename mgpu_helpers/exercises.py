@@ -1,0 +1,95 @@
+"""Automatic checks for notebook exercises: a clear pass/fail line and a hint, never an exception.
+
+An exercise cell leaves ``answer = None`` for the student to fill in and ends with::
+
+    check("1a", answer, expected=8_008_008, hint="Adam keeps two fp32 tensors per parameter.")
+
+which prints one of
+
+* ``⏳ Exercise 1a: not answered yet — replace None with your answer. Hint: …``
+* ``✅ Exercise 1a: correct.``
+* ``❌ Exercise 1a: not quite (got 4004000). Hint: …``
+
+and returns ``True`` only when correct, so the notebook can also ``assert check(...)`` on a
+solution. Checks never raise, so an unanswered exercise does not stop "Run all".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["check", "check_function"]
+
+
+def _close(got: Any, expected: Any, rel_tol: float, abs_tol: float) -> bool:
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return got is expected
+    if isinstance(expected, int | float) and isinstance(got, int | float):
+        return math.isclose(float(got), float(expected), rel_tol=rel_tol, abs_tol=abs_tol)
+    if isinstance(expected, list | tuple) and isinstance(got, list | tuple):
+        return len(got) == len(expected) and all(
+            _close(g, e, rel_tol, abs_tol) for g, e in zip(got, expected, strict=True)
+        )
+    if isinstance(expected, str) and isinstance(got, str):
+        return got.strip().lower() == expected.strip().lower()
+    return bool(got == expected)
+
+
+def check(
+    name: str,
+    answer: Any,
+    expected: Any,
+    *,
+    hint: str,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 0.0,
+) -> bool:
+    """Compare a student's ``answer`` with ``expected`` and print pass/fail with a hint.
+
+    Numbers compare with ``math.isclose(rel_tol, abs_tol)``, strings without case or surrounding
+    spaces, lists and tuples element-wise, anything else with ``==``. ``None`` means "not answered".
+    """
+    if answer is None:
+        print(f"⏳ Exercise {name}: not answered yet — replace None with your answer. Hint: {hint}")
+        return False
+    try:
+        ok = _close(answer, expected, rel_tol, abs_tol)
+    except Exception as exc:  # a malformed answer is feedback, not a crash
+        print(
+            f"❌ Exercise {name}: could not compare your answer ({type(exc).__name__}: {exc}). Hint: {hint}"
+        )
+        return False
+    if ok:
+        print(f"✅ Exercise {name}: correct.")
+    else:
+        print(f"❌ Exercise {name}: not quite (got {answer!r}). Hint: {hint}")
+    return ok
+
+
+def check_function(
+    name: str,
+    func: Callable[..., Any] | None,
+    cases: list[tuple[tuple[Any, ...], Any]],
+    *,
+    hint: str,
+    rel_tol: float = 1e-6,
+) -> bool:
+    """Call the student's ``func`` on each ``(args, expected)`` case; report the first mismatch."""
+    if func is None:
+        print(f"⏳ Exercise {name}: not answered yet — write the function. Hint: {hint}")
+        return False
+    for args, expected in cases:
+        try:
+            got = func(*args)
+        except Exception as exc:
+            print(
+                f"❌ Exercise {name}: calling it with {args} raised {type(exc).__name__}: {exc}. Hint: {hint}"
+            )
+            return False
+        if not _close(got, expected, rel_tol, 0.0):
+            print(f"❌ Exercise {name}: for input {args} expected {expected!r}, got {got!r}. Hint: {hint}")
+            return False
+    print(f"✅ Exercise {name}: correct on all {len(cases)} cases.")
+    return True

@@ -1,0 +1,55 @@
+"""Execute course notebooks top to bottom in place, so committed outputs come from a real run.
+
+    python tools/run_notebooks.py                 # every notebook
+    python tools/run_notebooks.py notebooks/01_nodes_and_gpus.ipynb
+
+Runs each notebook in its own folder with the current environment's kernel, stores outputs and
+execution counts, drops widget state (``metadata.widgets``) so files stay small, and stops at the
+first cell that raises. Prints each notebook's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run(path: pathlib.Path, timeout: int = 600) -> float:
+    """Execute one notebook in place; return its wall time in seconds."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=False,
+    )
+    start = time.monotonic()
+    client.execute()
+    elapsed = time.monotonic() - start
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    args = parser.parse_args()
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    for path in paths:
+        print(f"{path.name}: {run(path.resolve()):.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
