@@ -127,7 +127,7 @@ def draw_rank_layout(identities: list[dict[str, Any]]) -> Any:
                         f"local rank {ident['local_rank']}",
                         str(ident.get("device", "")),
                     )
-                    + (f"pid {ident['pid']}",) * ("pid" in ident)
+                    + ((f"pid {ident['pid']}",) if "pid" in ident else ())
                 ),
                 ha="center",
                 va="center",

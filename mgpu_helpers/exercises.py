@@ -10,8 +10,9 @@ which prints one of
 * ``✅ Exercise 1a: correct.``
 * ``❌ Exercise 1a: not quite (got 4004000). Hint: …``
 
-and returns ``True`` only when correct, so the notebook can also ``assert check(...)`` on a
-solution. Checks never raise, so an unanswered exercise does not stop "Run all".
+and returns a :class:`CheckResult` that is truthy only when correct, so a solution cell can
+``assert check(...)``; as the last line of a cell it displays nothing more. Checks never raise, so an
+unanswered exercise does not stop "Run all".
 """
 
 from __future__ import annotations
@@ -20,7 +21,23 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["check", "check_function"]
+__all__ = ["CheckResult", "check", "check_function"]
+
+
+class CheckResult:
+    """Outcome of a check: truthy when correct; shows nothing when it is a cell's last value."""
+
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"CheckResult(ok={self.ok})"
+
+    def _ipython_display_(self) -> None:
+        """The printed line already said everything; display nothing else."""
 
 
 def _close(got: Any, expected: Any, rel_tol: float, abs_tol: float) -> bool:
@@ -45,7 +62,7 @@ def check(
     hint: str,
     rel_tol: float = 1e-6,
     abs_tol: float = 0.0,
-) -> bool:
+) -> CheckResult:
     """Compare a student's ``answer`` with ``expected`` and print pass/fail with a hint.
 
     Numbers compare with ``math.isclose(rel_tol, abs_tol)``, strings without case or surrounding
@@ -53,19 +70,19 @@ def check(
     """
     if answer is None:
         print(f"⏳ Exercise {name}: not answered yet — replace None with your answer. Hint: {hint}")
-        return False
+        return CheckResult(False)
     try:
         ok = _close(answer, expected, rel_tol, abs_tol)
     except Exception as exc:  # a malformed answer is feedback, not a crash
         print(
             f"❌ Exercise {name}: could not compare your answer ({type(exc).__name__}: {exc}). Hint: {hint}"
         )
-        return False
+        return CheckResult(False)
     if ok:
         print(f"✅ Exercise {name}: correct.")
     else:
         print(f"❌ Exercise {name}: not quite (got {answer!r}). Hint: {hint}")
-    return ok
+    return CheckResult(ok)
 
 
 def check_function(
@@ -75,11 +92,11 @@ def check_function(
     *,
     hint: str,
     rel_tol: float = 1e-6,
-) -> bool:
+) -> CheckResult:
     """Call the student's ``func`` on each ``(args, expected)`` case; report the first mismatch."""
     if func is None:
         print(f"⏳ Exercise {name}: not answered yet — write the function. Hint: {hint}")
-        return False
+        return CheckResult(False)
     for args, expected in cases:
         try:
             got = func(*args)
@@ -87,9 +104,9 @@ def check_function(
             print(
                 f"❌ Exercise {name}: calling it with {args} raised {type(exc).__name__}: {exc}. Hint: {hint}"
             )
-            return False
+            return CheckResult(False)
         if not _close(got, expected, rel_tol, 0.0):
             print(f"❌ Exercise {name}: for input {args} expected {expected!r}, got {got!r}. Hint: {hint}")
-            return False
+            return CheckResult(False)
     print(f"✅ Exercise {name}: correct on all {len(cases)} cases.")
-    return True
+    return CheckResult(True)

@@ -80,17 +80,15 @@ class MemoryWidget:
             self._last_plot = now
             self._render_plot()
 
-    def finish(self) -> str:
-        """Final refresh, then print the summary as text and draw a static timeline; returns the text."""
+    def finish(self) -> None:
+        """Final refresh, then print the summary as text and draw a static timeline."""
         import matplotlib.pyplot as plt
 
         self._render_table(None, {})
         self._render_plot()
-        text = self.text_summary()
-        print(text)
+        print(self.text_summary())
         self.tracker.plot(title=f"{self.title}: memory by category")
         plt.show()
-        return text
 
     # ----------------------------------------------------------------- content
     def rows(self) -> list[tuple[str, dict[str, str]]]:

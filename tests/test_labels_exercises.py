@@ -27,12 +27,12 @@ def test_labels_refuse_missing_provenance():
 
 
 def test_check_pass_fail_and_unanswered(capsys):
-    assert check("1", 8_008_008, 8_008_008, hint="h") is True
+    assert check("1", 8_008_008, 8_008_008, hint="h")
     assert "✅ Exercise 1: correct." in capsys.readouterr().out
-    assert check("1", 4_004_000, 8_008_008, hint="two states") is False
+    assert not check("1", 4_004_000, 8_008_008, hint="two states")
     out = capsys.readouterr().out
     assert "❌" in out and "two states" in out and "4004000" in out
-    assert check("1", None, 3, hint="h") is False
+    assert not check("1", None, 3, hint="h")
     assert "not answered yet" in capsys.readouterr().out
 
 

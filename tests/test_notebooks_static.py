@@ -1,0 +1,98 @@
+"""Static checks of the committed notebooks: template, stored run, slide metadata, size, slides export."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _load(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _src(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def test_notebooks_exist_in_teaching_order():
+    from mgpu_helpers.course import NOTEBOOKS as COURSE
+
+    ready = [nb.file for nb in COURSE if nb.ready]
+    assert [p.name for p in NOTEBOOKS] == ready, (
+        "notebooks/ and the course map (mgpu_helpers.course) disagree"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_template_sections(path):
+    cells = _load(path)["cells"]
+    markdown = [_src(c) for c in cells if c["cell_type"] == "markdown"]
+    assert markdown[0].startswith(f"# {path.name[:2]} · "), "first cell: '# NN · Title'"
+    headings = "\n".join(m.splitlines()[0] for m in markdown if m.startswith("#"))
+    for part in ("Learning objectives", "Hardware note", "Summary", "Exercises", "Solutions"):
+        assert part in headings, f"missing section {part!r}"
+    note = next(m for m in markdown if m.startswith("### Hardware note"))
+    for config in ("CPU only", "1 GPU", "N GPUs"):
+        assert config in note, f"hardware note does not say what happens on {config}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercises_have_automatic_checks_and_solutions(path):
+    cells = _load(path)["cells"]
+    start = next(i for i, c in enumerate(cells) if _src(c).startswith("## Exercises"))
+    end = next(i for i, c in enumerate(cells) if _src(c).startswith("## Solutions"))
+    exercise_code = [_src(c) for c in cells[start:end] if c["cell_type"] == "code"]
+    checks = [s for s in exercise_code if re.search(r"\bcheck(_function)?\(", s)]
+    assert len(checks) >= 2, "at least two exercises with automatic checks"
+    solutions = [c for c in cells[end:] if c["cell_type"] == "code"]
+    assert solutions and all(c["metadata"].get("jupyter", {}).get("source_hidden") for c in solutions)
+    assert all("assert check" in _src(c) for c in solutions), "solutions prove that the checks accept them"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_come_from_a_clean_run(path):
+    nb = _load(path)
+    assert "widgets" not in nb["metadata"], "widget state stored: re-run with tools/run_notebooks.py"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), "not executed top to bottom in one run"
+    for c in code:
+        for out in c["outputs"]:
+            assert out["output_type"] != "error", f"stored error in cell: {_src(c)[:60]!r}"
+            assert "Traceback" not in "".join(out.get("text", []))
+    assert path.stat().st_size < 1_000_000, "keep stored outputs small"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_and_colab_cell(path):
+    code = [_src(c) for c in _load(path)["cells"] if c["cell_type"] == "code"]
+    assert "google.colab" in code[0] and "%pip install" in code[0], "first code cell installs on Colab"
+    assert any(s.startswith("# NBVAL_CHECK_OUTPUT") for s in code), "deterministic cells are checked"
+    for s in code:
+        if "measured(" in s or "describe_node()" in s or "time.perf_counter" in s:
+            assert s.startswith("# NBVAL_IGNORE_OUTPUT"), (
+                f"hardware/time-dependent cell not ignored: {s[:60]!r}"
+            )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_slides_export(path, tmp_path):
+    cells = _load(path)["cells"]
+    assert all("slide_type" in c["metadata"].get("slideshow", {}) for c in cells), (
+        "slide metadata on every cell"
+    )
+    assert sum(c["metadata"]["slideshow"]["slide_type"] == "slide" for c in cells) >= 4
+    subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "slides", "--output-dir", str(tmp_path), str(path)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    html = (tmp_path / (path.stem + ".slides.html")).read_text()
+    assert html.count("<section") >= 4 and "reveal" in html.lower()
