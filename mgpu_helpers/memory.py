@@ -35,6 +35,7 @@ above short enough to state. The unit tests check the parameter and optimizer-st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import weakref
@@ -53,6 +54,7 @@ __all__ = [
     "MemoryTracker",
     "estimate_training_memory",
     "format_bytes",
+    "virtual_device",
 ]
 
 #: Category keys, in stacking order (bottom to top in plots).
@@ -91,8 +93,43 @@ def _cuda_rounded(nbytes: int) -> int:
 class _Entry:
     uid: int
     nbytes: int
-    device: str
+    device: str  # the label counted under: the real device, or a virtual one
+    physical: str  # where the storage really is
     finalizer: weakref.finalize
+
+
+_SCOPE = threading.local()
+_ACTIVE: list[MemoryTracker] = []  # trackers inside their ``with`` block, in any thread
+_ACTIVE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def virtual_device(name: str) -> Iterator[None]:
+    """Count storages allocated by this thread, inside the block, as living on device ``name``.
+
+    This is how the course *simulates* several GPUs on one CPU: run each replica's work in its own
+    thread inside ``virtual_device("cuda:1")`` (and so on), and the tracker's per-device numbers are
+    what those devices would hold. Outside any block, an operation's outputs inherit the virtual
+    device of its inputs (as real devices do: an op on ``cuda:1`` tensors allocates on ``cuda:1``),
+    so backward passes and in-place helpers stay attributed correctly. Numbers obtained this way are
+    *simulated* and should be labelled so.
+
+    PyTorch's dispatch modes are per thread, so a tracker active in the main thread does not see a
+    worker thread's operations; this block also switches every active tracker on in the current
+    thread for its duration.
+    """
+    previous = getattr(_SCOPE, "name", None)
+    _SCOPE.name = name
+    with _ACTIVE_LOCK:
+        me = threading.get_ident()
+        missing = [t for t in _ACTIVE if me not in t._threads]
+    with contextlib.ExitStack() as stack:
+        for tracker in missing:
+            stack.enter_context(tracker)
+        try:
+            yield
+        finally:
+            _SCOPE.name = previous
 
 
 @dataclass
@@ -180,6 +217,7 @@ class MemoryTracker(TorchDispatchMode):
         self._params: list[torch.nn.Parameter] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._handles: list[Any] = []
+        self._threads: set[int] = set()  # threads in which this tracker is currently active
         self.current: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.current_by_device: dict[str, dict[str, int]] = {}
         self.marks: list[MemorySample] = []
@@ -238,13 +276,15 @@ class MemoryTracker(TorchDispatchMode):
                 self._count(entry.device, category, entry.nbytes)
                 self._replay = None
 
-    def _add(self, storage: torch.UntypedStorage, category: str) -> None:
+    def _add(self, storage: torch.UntypedStorage, category: str, label: str | None = None) -> None:
         uid = len(self._category)
+        physical = str(storage.device)
+        label = label or getattr(_SCOPE, "name", None) or physical
         self._category.append(category)
-        self._device.append(str(storage.device))
+        self._device.append(label)
         fin = weakref.finalize(storage, self._on_free, storage._cdata, uid)
         fin.atexit = False
-        entry = _Entry(uid, storage.nbytes(), str(storage.device), fin)
+        entry = _Entry(uid, storage.nbytes(), label, physical, fin)
         self._live[storage._cdata] = entry
         self._log_change(entry, entry.nbytes)
 
@@ -271,15 +311,25 @@ class MemoryTracker(TorchDispatchMode):
         if func in _RESIZE_OPS:
             self._resized(args[0])
             return out
-        inputs = {s._cdata for s in _storages(tree_flatten((args, kwargs))[0])}
+        inputs = list(dict.fromkeys(s._cdata for s in _storages(tree_flatten((args, kwargs))[0])))
         fresh = func in _LIFT_OPS
         with self._lock:
             for storage in _storages(tree_flatten(out)[0]):
                 key = storage._cdata
                 if key in self._live or (key in inputs and not fresh):
                     continue
-                self._add(storage, "other")
+                self._add(storage, "other", self._inherited_label(inputs, str(storage.device)))
         return out
+
+    def _inherited_label(self, inputs: list[int], physical: str) -> str | None:
+        """The virtual device of the first input on the same real device, if any (see virtual_device)."""
+        if getattr(_SCOPE, "name", None):
+            return None  # an explicit scope wins
+        for key in inputs:
+            entry = self._live.get(key)
+            if entry is not None and entry.physical == physical and entry.device != physical:
+                return entry.device
+        return None
 
     def _resized(self, tensor: torch.Tensor) -> None:
         storage = _storage_of(tensor)
@@ -292,8 +342,20 @@ class MemoryTracker(TorchDispatchMode):
                 entry.nbytes += delta
                 self._log_change(entry, delta)
 
+    def __enter__(self) -> MemoryTracker:
+        super().__enter__()
+        with _ACTIVE_LOCK:
+            self._threads.add(threading.get_ident())
+            if self not in _ACTIVE:
+                _ACTIVE.append(self)
+        return self
+
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        with _ACTIVE_LOCK:
+            self._threads.discard(threading.get_ident())
+            if not self._threads and self in _ACTIVE:
+                _ACTIVE.remove(self)
         self.rescan()
 
     # ------------------------------------------------------------------ reading
@@ -366,8 +428,9 @@ class MemoryTracker(TorchDispatchMode):
         return sum(self.current.values())
 
     def live_bytes(self, device: str | torch.device | None = None, *, cuda_rounding: bool = False) -> int:
-        """Live tracked bytes, optionally on one device and rounded like the CUDA caching allocator."""
-        dev = None if device is None else str(torch.device(device))
+        """Live tracked bytes, optionally on one (real or virtual) device, optionally rounded like CUDA's
+        caching allocator (blocks of at least 512 B)."""
+        dev = None if device is None else str(device)
         with self._lock:
             sizes = [e.nbytes for e in self._live.values() if dev is None or e.device == dev]
         return sum(_cuda_rounded(n) for n in sizes) if cuda_rounding else sum(sizes)

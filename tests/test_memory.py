@@ -172,3 +172,38 @@ def test_cuda_cross_check_refuses_without_cuda():
         pytest.skip("this machine has CUDA; the GPU path is exercised in the notebooks")
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         MemoryTracker().cuda_cross_check(0)
+
+
+def test_virtual_devices_attribute_bytes_like_real_ones():
+    """Threads inside virtual_device() count as separate devices; ops inherit their inputs' device."""
+    import threading
+
+    from mgpu_helpers.memory import virtual_device
+
+    tracker = MemoryTracker()
+    results = {}
+
+    def replica(name: str, n: int) -> None:
+        with virtual_device(name):  # also switches the tracker on in this thread
+            x = torch.ones(n)  # n * 4 bytes on this virtual device
+            results[name] = x * 2
+
+    with tracker:
+        threads = [threading.Thread(target=replica, args=(f"cuda:{i}", 100 * (i + 1))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # main thread, no scope: outputs inherit the virtual device of their (first) input
+        gathered = torch.cat([results["cuda:0"], results["cuda:1"]])
+        shifted = results["cuda:1"] + 1
+        with virtual_device("cuda:0"):
+            on_first = gathered.clone()
+    by_dev = {d: sum(c.values()) for d, c in tracker.current_by_device.items()}
+    # the x's are freed; results stay (400 B on cuda:0, 800 B on cuda:1); gathered (1200 B) inherits
+    # cuda:0, shifted (800 B) cuda:1, and the explicit clone (1200 B) is on cuda:0
+    assert by_dev == {"cuda:0": 400 + 1200 + 1200, "cuda:1": 800 + 800}
+    assert tracker.peak_by_device["cuda:1"] == 800 + 800
+    assert tracker.live_bytes("cuda:1") == 1600
+    del on_first, shifted
+    tracker.close()
