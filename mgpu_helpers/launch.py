@@ -32,6 +32,7 @@ __all__ = [
     "free_port",
     "gpu_slices",
     "launch_env",
+    "loopback_interface",
     "parse_results",
     "run_torchrun",
     "torchrun_command",
@@ -75,7 +76,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _loopback_interface() -> str | None:
+def loopback_interface() -> str | None:
+    """Name of the network interface holding 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS), if known."""
     try:
         import psutil
 
@@ -94,7 +96,7 @@ def launch_env(extra: dict[str, str] | None = None, *, threads_per_process: int 
     public interface); ``OMP_NUM_THREADS`` stops N workers from each using every core.
     """
     env = dict(os.environ)
-    iface = _loopback_interface()
+    iface = loopback_interface()
     if iface:
         env.setdefault("GLOO_SOCKET_IFNAME", iface)
     env["OMP_NUM_THREADS"] = str(threads_per_process)

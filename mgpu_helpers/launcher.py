@@ -1,0 +1,292 @@
+"""Run a function on N processes from a notebook and get each rank's return value back.
+
+    from mgpu_helpers.launcher import launch
+
+    def work(rank, world_size):
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t)  # the process group is already initialised
+        return t.item()
+
+    launch(work, nprocs=2)  # -> [1.0, 1.0]
+
+Built on PyTorch's own launcher, :func:`torch.multiprocessing.start_processes` (what ``mp.spawn``
+calls); this module only adds what a notebook needs around it:
+
+* **fork when it is safe** — a function defined in a notebook lives in ``__main__`` and cannot be
+  pickled for ``spawn`` ("Can't get attribute … on <module '__main__'>"); a forked child simply
+  inherits it. Forking after CUDA is initialised breaks CUDA in the child, so then ``spawn`` is used,
+  and a notebook-defined function is refused with a message saying what to move into a module;
+* **a fresh free port on 127.0.0.1** for every launch, so launching twice in a row never clashes,
+  and gloo kept on the loopback interface;
+* **a collective timeout** (``collective_timeout_s``) so that a rank waiting for a dead peer raises
+  instead of hanging for gloo's default 30 minutes, and an overall ``timeout_s``;
+* **fast failure** — when a rank raises, its traceback is raised in the cell at once (the others are
+  stopped after a 1-second grace period), and every process is gone when ``launch`` returns or raises;
+* **return values**: each rank's result comes back (pickled through a file, as PyTorch does for
+  tracebacks), in rank order.
+
+Compared with Hugging Face Accelerate's ``notebook_launcher`` (which also uses ``start_processes``
+with fork): that one uses a fixed default port (29500, so a second launch while the first port is in
+TIME_WAIT or in use can clash), always forks and refuses once CUDA is initialised, returns nothing,
+waits without a timeout, and runs a 1-process "launch" in the notebook's own process. Here results
+come back, the port is fresh, failures and hangs end within seconds, the backend follows the hardware,
+and even ``nprocs=1`` runs in a real child process with a real process group, so code behaves the
+same for any N.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from .launch import free_port, loopback_interface
+
+__all__ = ["LaunchError", "launch"]
+
+_BACKENDS = ("gloo", "nccl")
+
+
+class LaunchError(RuntimeError):
+    """A launched rank failed, the job timed out, or the launch request cannot work as asked."""
+
+
+def _choose_start_method(fn: Callable[..., Any], start_method: str | None) -> str:
+    import torch
+
+    cuda_ready = torch.cuda.is_initialized()
+    in_main = getattr(fn, "__module__", None) == "__main__"
+    if start_method is None:
+        start_method = "spawn" if cuda_ready or sys.platform == "win32" else "fork"
+    if start_method not in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'fork', 'spawn' or 'forkserver', not {start_method!r}")
+    if start_method == "fork" and cuda_ready:
+        raise LaunchError(
+            "CUDA is already initialised in this process, and a forked child cannot use CUDA then. "
+            "Restart the kernel and launch before any cell touches the GPU, or use start_method='spawn' "
+            "with a function defined in a module."
+        )
+    if start_method != "fork" and in_main:
+        name = getattr(fn, "__name__", repr(fn))
+        reason = "CUDA is already initialised in this notebook, so fork is unsafe, and " if cuda_ready else ""
+        raise LaunchError(
+            f"{reason}'{start_method}' starts a fresh Python that must import the function, but "
+            f"{name!r} is defined in the notebook (__main__), which the child cannot import "
+            f"(\"Can't get attribute {name!r} on <module '__main__'>\"). Move it into a module: put it in "
+            f"a cell starting with `%%writefile my_worker.py`, run that cell, then "
+            f"`from my_worker import {name}` and launch that. Or restart the kernel and launch before "
+            "touching CUDA, so fork can be used."
+        )
+    return start_method
+
+
+def _check_backend(backend: str | None, nprocs: int) -> str:
+    import torch
+
+    gpus = torch.cuda.device_count()  # asks NVML; does not initialise CUDA
+    if backend is None:
+        backend = "nccl" if gpus >= nprocs and gpus > 0 and torch.distributed.is_nccl_available() else "gloo"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS} (or None to choose), not {backend!r}")
+    if backend == "nccl":
+        if gpus == 0:
+            raise ValueError(
+                "backend='nccl' needs CUDA GPUs and none is visible; use backend='gloo' on CPUs."
+            )
+        if nprocs > gpus:
+            raise ValueError(
+                f"NCCL needs one GPU per process: you asked for {nprocs} processes but {gpus} GPU(s) are "
+                f"visible. Use nprocs={gpus}, or backend='gloo' to run {nprocs} processes on the CPU."
+            )
+    return backend
+
+
+def _worker(
+    rank: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    world_size: int,
+    port: int,
+    backend: str,
+    init_group: bool,
+    collective_timeout_s: float,
+    threads: int,
+    result_dir: str,
+    env: dict[str, str],
+) -> None:
+    """Runs in each child: set the identity, join the group, call ``fn``, save its result."""
+    os.environ.update(env)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    if init_group:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=collective_timeout_s),
+        )
+    try:
+        result = fn(rank, world_size, *args)
+    except BaseException:
+        # Note the time *before* tearing the group down: peers fail as soon as it goes, and the
+        # parent must be able to tell the first failure from its consequences.
+        import traceback
+
+        with open(os.path.join(result_dir, f"rank{rank}.error"), "wb") as fh:
+            pickle.dump((time.time(), traceback.format_exc()), fh)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(result_dir, f"rank{rank}.pkl"), "wb") as fh:
+        pickle.dump(result, fh)
+
+
+def launch(
+    fn: Callable[..., Any],
+    nprocs: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    backend: str | None = None,
+    init_process_group: bool = True,
+    start_method: str | None = None,
+    timeout_s: float = 300.0,
+    collective_timeout_s: float = 60.0,
+    threads_per_process: int | None = None,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``nprocs`` processes; return the results in rank order.
+
+    Args:
+        fn: the function each rank runs. With ``init_process_group=True`` (default) the default process
+            group already exists when it starts (``torch.distributed`` is ready to use).
+        nprocs: number of processes (the world size), at least 1.
+        args: extra arguments passed to ``fn`` after ``rank, world_size``.
+        backend: "gloo", "nccl", or None to choose: NCCL when there is a GPU for every process, else gloo.
+            With NCCL, rank r uses ``cuda:r``.
+        init_process_group: join the group before calling ``fn`` (``tcp://127.0.0.1:<free port>``); set
+            False to call ``dist.init_process_group`` yourself — ``MASTER_ADDR``, ``MASTER_PORT``,
+            ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` are set, so ``init_method="env://"`` works.
+        start_method: None picks fork when CUDA is not initialised here, else spawn.
+        timeout_s: stop everything and raise if the job takes longer than this.
+        collective_timeout_s: a collective waiting longer than this for a peer raises in that rank.
+        threads_per_process: ``torch.set_num_threads`` in each child; default: cores // nprocs (≥ 1).
+        env: extra environment variables for the children.
+
+    Raises:
+        ValueError: bad arguments (the message says what to use instead).
+        LaunchError: a rank raised (its traceback is in the message), the job timed out, or the
+            function cannot be started this way.
+    """
+    import torch.multiprocessing as mp
+
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    backend = _check_backend(backend, nprocs)
+    method = _choose_start_method(fn, start_method)
+    threads = threads_per_process or max(1, (os.cpu_count() or 1) // nprocs)
+    child_env = dict(env or {})
+    iface = loopback_interface()
+    if iface and backend == "gloo":
+        child_env.setdefault("GLOO_SOCKET_IFNAME", iface)
+    port = free_port()
+    result_dir = tempfile.mkdtemp(prefix="mgpu-launch-")
+    worker_args = (
+        fn,
+        tuple(args),
+        nprocs,
+        port,
+        backend,
+        init_process_group,
+        collective_timeout_s,
+        threads,
+        result_dir,
+        child_env,
+    )
+    context = None
+    try:
+        context = mp.start_processes(
+            _worker, args=worker_args, nprocs=nprocs, join=False, start_method=method
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=0.1, grace_period=1.0):
+            if time.monotonic() > deadline:
+                alive = [i for i, p in enumerate(context.processes) if p.is_alive()]
+                raise LaunchError(
+                    f"timed out after {timeout_s:g} s with rank(s) {alive} still running. A rank waiting "
+                    f"in a collective for a peer that never arrives blocks until collective_timeout_s "
+                    f"({collective_timeout_s:g} s); raise timeout_s if the job is just slow."
+                )
+        results = []
+        for rank in range(nprocs):
+            with open(os.path.join(result_dir, f"rank{rank}.pkl"), "rb") as fh:
+                results.append(pickle.load(fh))
+        return results
+    except mp.ProcessRaisedException as exc:
+        _stop_all(context.processes)
+        raise LaunchError(_failure_report(result_dir, nprocs, exc.error_index, exc.msg)) from None
+    except mp.ProcessExitedException as exc:
+        raise LaunchError(
+            f"rank {exc.error_index} died without a Python traceback ({exc}); a crash in native code or "
+            "the out-of-memory killer are the usual causes."
+        ) from None
+    finally:
+        if context is not None:
+            _stop_all(context.processes)
+        shutil.rmtree(result_dir, ignore_errors=True)
+
+
+def _failure_report(result_dir: str, nprocs: int, index: int, msg: str) -> str:
+    """Name the rank that failed *first*: when one rank dies, its peers fail too ("connection reset")."""
+    failures = []
+    for rank in range(nprocs):
+        try:
+            with open(os.path.join(result_dir, f"rank{rank}.error"), "rb") as fh:
+                when, text = pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue
+        failures.append((when, rank, text))
+    if not failures:
+        return f"rank {index} raised:\n{msg}"
+    failures.sort()
+    _, first, text = failures[0]
+    others = [r for _, r, _ in failures[1:]]
+    note = (
+        f"\n(rank(s) {others} failed after it, most likely because rank {first} was gone)" if others else ""
+    )
+    return f"rank {first} raised first:\n{text}{note}"
+
+
+def _stop_all(processes: Sequence[Any], grace_s: float = 1.0) -> None:
+    """Terminate, then kill, any child still alive; reap them all."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+        p.join()
