@@ -76,7 +76,6 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "virtual devices, memory simulated",
         "virtual devices, memory simulated",
         "real nn.DataParallel, memory measured",
-        ready=False,
     ),
     Notebook(
         "04",

@@ -54,6 +54,8 @@ __all__ = [
     "MemoryTracker",
     "estimate_training_memory",
     "format_bytes",
+    "active_trackers",
+    "current_virtual_device",
     "virtual_device",
 ]
 
@@ -175,6 +177,18 @@ class _Replay:
     peak_total: int
     peak_breakdown: dict[str, int]
     peak_by_device: dict[str, int]
+    peak_breakdown_by_device: dict[str, dict[str, int]]
+
+
+def current_virtual_device() -> str | None:
+    """The virtual device this thread is inside (``with virtual_device(name)``), else None."""
+    return getattr(_SCOPE, "name", None)
+
+
+def active_trackers() -> list[MemoryTracker]:
+    """Trackers currently inside their ``with`` block, in any thread."""
+    with _ACTIVE_LOCK:
+        return list(_ACTIVE)
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -377,23 +391,30 @@ class MemoryTracker(TorchDispatchMode):
             if self._replay is not None:
                 return self._replay
             totals = dict.fromkeys(CATEGORIES, 0)
-            by_device: dict[str, int] = {}
+            by_device: dict[str, dict[str, int]] = {}
             peak = dict.fromkeys(CATEGORIES, 0)
             peak_by_device: dict[str, int] = {}
+            at_device_peak: dict[str, dict[str, int]] = {}
             events, rows = [0], [dict(totals)]
             peak_total, peak_breakdown = 0, dict(totals)
             for i, (uid, delta) in enumerate(self._log, start=1):
                 cat, dev = self._category[uid], self._device[uid]
                 totals[cat] += delta
-                by_device[dev] = by_device.get(dev, 0) + delta
+                row = by_device.setdefault(dev, dict.fromkeys(CATEGORIES, 0))
+                row[cat] += delta
                 peak[cat] = max(peak[cat], totals[cat])
-                peak_by_device[dev] = max(peak_by_device.get(dev, 0), by_device[dev])
+                dev_total = sum(row.values())
+                if dev not in peak_by_device or dev_total > peak_by_device[dev]:
+                    peak_by_device[dev] = dev_total
+                    at_device_peak[dev] = dict(row)
                 total = sum(totals.values())
                 if total > peak_total:
                     peak_total, peak_breakdown = total, dict(totals)
                 events.append(i)
                 rows.append(dict(totals))
-            self._replay = _Replay(events, rows, peak, peak_total, peak_breakdown, peak_by_device)
+            self._replay = _Replay(
+                events, rows, peak, peak_total, peak_breakdown, peak_by_device, at_device_peak
+            )
             return self._replay
 
     @property
@@ -421,6 +442,26 @@ class MemoryTracker(TorchDispatchMode):
     def peak_by_device(self) -> dict[str, int]:
         """Highest total live bytes per device."""
         return dict(self._replayed().peak_by_device)
+
+    @property
+    def peak_breakdown_by_device(self) -> dict[str, dict[str, int]]:
+        """For each device, bytes per category at the moment that device reached its own peak."""
+        return {d: dict(b) for d, b in sorted(self._replayed().peak_breakdown_by_device.items())}
+
+    def device_of(self, tensor: torch.Tensor) -> str | None:
+        """The (real or virtual) device this tracker counts ``tensor``'s storage under, or None if unseen."""
+        storage = _storage_of(tensor)
+        if storage is None:
+            return None
+        with self._lock:
+            entry = self._live.get(storage._cdata)
+            return None if entry is None else entry.device
+
+    def classify(self, tensor: torch.Tensor, category: str) -> None:
+        """Count ``tensor``'s storage under ``category`` (e.g. replica weights as ``"parameters"``)."""
+        if category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, not {category!r}")
+        self._classify(tensor, category)
 
     @property
     def current_total(self) -> int:

@@ -103,10 +103,10 @@ def plot_device_bars(
         ax.bar(devices, vals, bottom=bottom, color=CATEGORY_COLORS[cat], label=CATEGORY_LABELS[cat])
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_ylabel(f"memory ({unit})")
-    ax.set_title(title or "Memory per device")
+    ax.set_title(title or "Memory per device", pad=16 if note else 6)
     if note:
-        ax.text(0.5, 1.0, note, transform=ax.transAxes, ha="center", va="bottom", fontsize=8, style="italic")
-    ax.legend(fontsize=8)
+        ax.text(0.5, 1.01, note, transform=ax.transAxes, ha="center", va="bottom", fontsize=8, style="italic")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax
 
 

@@ -205,5 +205,13 @@ def test_virtual_devices_attribute_bytes_like_real_ones():
     assert by_dev == {"cuda:0": 400 + 1200 + 1200, "cuda:1": 800 + 800}
     assert tracker.peak_by_device["cuda:1"] == 800 + 800
     assert tracker.live_bytes("cuda:1") == 1600
+    assert tracker.device_of(shifted) == "cuda:1" and tracker.device_of(gathered[:3]) == "cuda:0"
+    assert tracker.device_of(torch.ones(1)) is None  # made outside tracking
+    tracker.classify(shifted, "parameters")
+    assert tracker.current_by_device["cuda:1"]["parameters"] == 800
+    with pytest.raises(ValueError, match="category must be"):
+        tracker.classify(shifted, "weights")
+    at_peak = tracker.peak_breakdown_by_device
+    assert {d: sum(b.values()) for d, b in at_peak.items()} == tracker.peak_by_device
     del on_first, shifted
     tracker.close()
