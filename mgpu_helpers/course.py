@@ -115,7 +115,6 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "OOM in a memory-capped child process",
         "OOM under a capped memory fraction",
         "same, per device",
-        ready=False,
     ),
 )
 
