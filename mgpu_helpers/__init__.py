@@ -9,7 +9,8 @@
 * :mod:`~mgpu_helpers.exercises` — automatic checks for exercises
 * :mod:`~mgpu_helpers.plotting`, :mod:`~mgpu_helpers.diagrams` — plots and drawn diagrams
 * :mod:`~mgpu_helpers.launcher` — run a function on N processes from a notebook
-* :mod:`~mgpu_helpers.virtual_dp` — nn.DataParallel over virtual devices; :mod:`~mgpu_helpers.dataloading` — loader sweeps
+* :mod:`~mgpu_helpers.virtual_dp` — nn.DataParallel rebuilt over virtual devices
+* :mod:`~mgpu_helpers.dataloading` — measured DataLoader sweeps (num_workers, pin_memory)
 * :mod:`~mgpu_helpers.predictor` — per-GPU memory predictions (precision, optimizer, ZeRO stage)
 * :mod:`~mgpu_helpers.troubleshoot` — safe OOM reproduction, batch-size finder, ``diagnose(exc)``
 * :mod:`~mgpu_helpers.course` — the course map
