@@ -42,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -105,6 +106,15 @@ def _check_backend(backend: str | None, nprocs: int) -> str:
                 f"visible. Use nprocs={gpus}, or backend='gloo' to run {nprocs} processes on the CPU."
             )
     return backend
+
+
+def _preload_for_fork() -> None:
+    """Import, once in the parent, what every child would otherwise import on its own.
+
+    ``DistributedDataParallel`` imports ``torch._dynamo`` on first use (seconds per process); a
+    forked child inherits modules the parent already imported, so N children do not pay N times.
+    """
+    import torch._dynamo  # noqa: F401
 
 
 def _worker(
@@ -189,7 +199,8 @@ def launch(
         start_method: None picks fork when CUDA is not initialised here, else spawn.
         timeout_s: stop everything and raise if the job takes longer than this.
         collective_timeout_s: a collective waiting longer than this for a peer raises in that rank.
-        threads_per_process: ``torch.set_num_threads`` in each child; default: cores // nprocs (≥ 1).
+        threads_per_process: ``torch.set_num_threads`` in each child; default 1 with fork (safe after
+            the notebook used OpenMP threads), cores // nprocs with spawn.
         env: extra environment variables for the children.
 
     Raises:
@@ -205,7 +216,22 @@ def launch(
         raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
     backend = _check_backend(backend, nprocs)
     method = _choose_start_method(fn, start_method)
-    threads = threads_per_process or max(1, (os.cpu_count() or 1) // nprocs)
+    if method == "fork":
+        # A forked child inherits a copy of the parent's OpenMP runtime but not its threads: once the
+        # parent has run a multi-threaded op, the child's first multi-threaded op can hang (GNU OpenMP
+        # is not fork-safe). One thread per child runs ops inline and is always safe.
+        if threads_per_process and threads_per_process > 1:
+            warnings.warn(
+                f"threads_per_process={threads_per_process} with fork: if this notebook already ran a "
+                "multi-threaded op, the children may hang in their first one (OpenMP is not fork-safe). "
+                "Use threads_per_process=1, or start_method='spawn' with a function from a module.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        threads = threads_per_process or 1
+        _preload_for_fork()
+    else:
+        threads = threads_per_process or max(1, (os.cpu_count() or 1) // nprocs)
     child_env = dict(env or {})
     iface = loopback_interface()
     if iface and backend == "gloo":

@@ -20,6 +20,8 @@ How it counts
   temporaries, buffers — is *activations & other*.
 * Tensors made before tracking started are not counted, except the tracked model's parameters and
   gradients and the optimizer's state, which are registered up front.
+* Tensor subclasses that wrap other tensors (FSDP2's ``DTensor``) are counted by the storages they
+  wrap: a sharded parameter counts as this rank's shard, not the full tensor.
 
 Why not the built-in tools
 --------------------------
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 __all__ = [
@@ -275,9 +277,10 @@ class MemoryTracker(TorchDispatchMode):
                 self._classify(t, "optimizer")
 
     def _classify(self, tensor: torch.Tensor, category: str) -> None:
-        storage = _storage_of(tensor)
-        if storage is None:
-            return
+        for storage in _storages_of(tensor):
+            self._classify_storage(storage, category)
+
+    def _classify_storage(self, storage: torch.UntypedStorage, category: str) -> None:
         with self._lock:
             entry = self._live.get(storage._cdata)
             if entry is None:
@@ -542,21 +545,32 @@ class MemoryTracker(TorchDispatchMode):
                 entry.finalizer.detach()
 
 
-def _storage_of(t: Any) -> torch.UntypedStorage | None:
+def _storages_of(t: Any) -> list[torch.UntypedStorage]:
+    """The storages that really hold ``t``'s data.
+
+    A tensor subclass that wraps other tensors (e.g. FSDP2's ``DTensor``, whose own "storage" has the
+    global size) is unwrapped to the tensors it holds (for a ``DTensor``: this rank's local shard).
+    """
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-        return None
+        return []
+    if is_traceable_wrapper_subclass(t):
+        inner, _ = t.__tensor_flatten__()
+        return [s for name in inner for s in _storages_of(getattr(t, name))]
     try:
         storage = t.untyped_storage()
     except (NotImplementedError, RuntimeError):  # e.g. sparse or functional wrapper tensors
-        return None
-    return storage if storage.nbytes() > 0 else None
+        return []
+    return [storage] if storage.nbytes() > 0 else []
+
+
+def _storage_of(t: Any) -> torch.UntypedStorage | None:
+    storages = _storages_of(t)
+    return storages[0] if storages else None
 
 
 def _storages(items: Iterable[Any]) -> Iterator[torch.UntypedStorage]:
     for item in items:
-        s = _storage_of(item)
-        if s is not None:
-            yield s
+        yield from _storages_of(item)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:

@@ -133,3 +133,16 @@ def init_yourself(rank: int, world_size: int):
 
 def test_env_is_set_for_init_method_env():
     assert launch(init_yourself, 2, init_process_group=False) == [(0, 2), (1, 2)]
+
+
+def threaded_matmul(rank: int, world_size: int):
+    return torch.get_num_threads(), float(torch.nn.Linear(256, 512)(torch.randn(1024, 256)).sum() != 0)
+
+
+def test_fork_after_openmp_use_does_not_hang():
+    """The parent runs multi-threaded ops first (as a notebook does); forked children must not hang."""
+    (torch.randn(1_000_000) * 2).sum()
+    torch.nn.Linear(256, 512)(torch.randn(1024, 256))
+    assert launch(threaded_matmul, 1, init_process_group=False, timeout_s=60) == [(1, 1.0)]
+    with pytest.warns(RuntimeWarning, match="OpenMP is not fork-safe"):
+        launch(all_reduce_rank, 1, threads_per_process=2)  # no multi-threaded op in the child

@@ -215,3 +215,22 @@ def test_virtual_devices_attribute_bytes_like_real_ones():
     assert {d: sum(b.values()) for d, b in at_peak.items()} == tracker.peak_by_device
     del on_first, shifted
     tracker.close()
+
+
+def test_dtensor_counts_its_local_shard():
+    """FSDP2 parameters are DTensors: count the shard this rank holds, not the global size."""
+    from mgpu_helpers.launcher import launch
+
+    def rank_bytes(rank, world_size):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (world_size,))
+        full = torch.zeros(8, 100)  # 3,200 B in all
+        param = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+        model = torch.nn.Module()
+        model.register_parameter("w", param)
+        tracker = MemoryTracker(model)
+        return tracker.current["parameters"]
+
+    assert launch(rank_bytes, 2, threads_per_process=1) == [1600, 1600]
