@@ -11,7 +11,9 @@
 * :mod:`~mgpu_helpers.launcher` — run a function on N processes from a notebook
 * :mod:`~mgpu_helpers.virtual_dp` — nn.DataParallel rebuilt over virtual devices
 * :mod:`~mgpu_helpers.dataloading` — measured DataLoader sweeps (num_workers, pin_memory)
+* :mod:`~mgpu_helpers.ddp` — c10d torchrun jobs, DDP throughput, per-rank plots
 * :mod:`~mgpu_helpers.predictor` — per-GPU memory predictions (precision, optimizer, ZeRO stage)
+* :mod:`~mgpu_helpers.precision` — number formats, per-process state bytes, side-by-side step timing
 * :mod:`~mgpu_helpers.troubleshoot` — safe OOM reproduction, batch-size finder, ``diagnose(exc)``
 * :mod:`~mgpu_helpers.course` — the course map
 

@@ -85,7 +85,6 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
-        ready=False,
     ),
     Notebook(
         "05",

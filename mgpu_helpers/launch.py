@@ -116,12 +116,24 @@ def torchrun_command(
     master_addr: str = "127.0.0.1",
     master_port: int,
     module: bool = True,
+    rdzv: str = "static",
+    rdzv_id: str = "mgpu-job",
+    max_restarts: int = 0,
 ) -> list[str]:
-    """The torchrun command line for one node; ``target`` is a module (``module=True``) or a script path."""
+    """The torchrun command line for one node; ``target`` is a module (``module=True``) or a script path.
+
+    ``rdzv="static"`` (the default) is the classic form: each node is told its ``--node-rank`` and node
+    0's ``--master-addr``/``--master-port``. ``rdzv="c10d"`` is the elastic form: the command is the
+    *same on every node* — each agent joins the rendezvous at ``master_addr:master_port`` under
+    ``rdzv_id``, and the rendezvous assigns node ranks once ``nnodes`` agents have joined
+    (``node_rank`` is then ignored).
+    """
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"nnodes and nproc_per_node must be >= 1 (got {nnodes}, {nproc_per_node})")
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank must be in 0..{nnodes - 1}, got {node_rank}")
+    if rdzv not in ("static", "c10d"):
+        raise ValueError(f"rdzv must be 'static' or 'c10d', not {rdzv!r}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     cmd = [
         sys.executable,
         "-m",
@@ -129,11 +141,21 @@ def torchrun_command(
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
     ]
-    if nnodes > 1:
-        cmd.append(f"--node-rank={node_rank}")
-    cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    if rdzv == "c10d":
+        cmd += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={master_addr}:{master_port}",
+            f"--rdzv-id={rdzv_id}",
+            f"--max-restarts={max_restarts}",
+        ]
+    else:
+        if not 0 <= node_rank < nnodes:
+            raise ValueError(f"node_rank must be in 0..{nnodes - 1}, got {node_rank}")
+        if nnodes > 1:
+            cmd.append(f"--node-rank={node_rank}")
+        cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
     cmd += ["-m", target] if module else [target]
-    return cmd + list(args)
+    return cmd + [str(a) for a in args]
 
 
 def gpu_slices(nnodes: int, nproc_per_node: int) -> list[str]:
@@ -180,11 +202,14 @@ def run_torchrun(
     env: dict[str, str] | None = None,
     module: bool = True,
     check: bool = True,
+    rdzv: str = "static",
 ) -> list[NodeRun]:
     """Start ``nnodes`` torchrun invocations on 127.0.0.1 that form one job, and wait for all of them.
 
-    Each node gets ``--node-rank=k``; together they have ``nnodes × nproc_per_node`` ranks. Like real
-    machines, the simulated nodes must not share GPUs: see :func:`gpu_slices`. If any
+    With ``rdzv="static"`` node k gets ``--node-rank=k``; with ``rdzv="c10d"`` every node runs the same
+    command and the rendezvous numbers them (the workers' ``GROUP_RANK``; :class:`NodeRun`'s
+    ``node_rank`` is then the start order). Together they have ``nnodes × nproc_per_node`` ranks. Like
+    real machines, the simulated nodes must not share GPUs: see :func:`gpu_slices`. If any
     node fails, the others are stopped at once (they would otherwise wait in rendezvous or in a
     collective). With ``check=True`` a failure or timeout raises :class:`TorchrunError` that quotes
     the failing node's output; every process started here is gone when this returns or raises.
@@ -201,6 +226,8 @@ def run_torchrun(
             node_rank=k,
             master_port=port,
             module=module,
+            rdzv=rdzv,
+            rdzv_id=f"mgpu-{port}",
         )
         for k in range(nnodes)
     ]
@@ -229,13 +256,17 @@ def run_torchrun(
         runs.append(
             NodeRun(k, cmd, None if note == "timeout" else p.returncode, out, err + _NOTES.get(note, ""))
         )
-    if check:
-        for run in runs:
-            if run.returncode != 0:
-                reason = "timed out" if run.returncode is None else f"exited with code {run.returncode}"
-                raise TorchrunError(
-                    f"node {run.node_rank} {reason}: {run.shell_command()}\n{_failure_excerpt(run)}"
-                )
+    if check and any(run.returncode != 0 for run in runs):
+        # Report the node that failed by itself, not one that was stopped because of it: stopped by us
+        # ("stopped"/"timeout"), or by its own agent when a peer failed (a SignalException traceback).
+        def collateral(item: tuple[NodeRun, str]) -> tuple[bool, bool]:
+            run, note = item
+            return note != "done", "SignalException" in run.stdout + run.stderr
+
+        failed = [(run, note) for run, note in zip(runs, status, strict=True) if run.returncode != 0]
+        run = min(failed, key=collateral)[0]
+        reason = "timed out" if run.returncode is None else f"exited with code {run.returncode}"
+        raise TorchrunError(f"node {run.node_rank} {reason}: {run.shell_command()}\n{_failure_excerpt(run)}")
     return runs
 
 

@@ -144,6 +144,7 @@ def _worker(
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, before env= applied
     if backend == "nccl":
         torch.cuda.set_device(rank)
     if init_group:

@@ -61,6 +61,22 @@ def test_other_node_is_stopped_when_one_fails(tmp_path):
     assert "stopped by run_torchrun" in runs[0].stderr or runs[0].returncode != 0
 
 
+def test_the_node_that_failed_is_named_not_the_one_stopped_for_it(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import os, time
+        if os.environ["GROUP_RANK"] == "1":
+            raise ValueError("node one is broken on purpose")
+        time.sleep(120)
+        """,
+    )
+    with pytest.raises(TorchrunError) as err:
+        run_torchrun(script, module=False, nnodes=2, nproc_per_node=1, timeout=60)
+    assert str(err.value).startswith("node 1 exited with code")
+    assert "node one is broken on purpose" in str(err.value)
+
+
 def test_timeout_stops_everything(tmp_path):
     script = _script(tmp_path, "import time\ntime.sleep(120)\n")
     start = time.monotonic()
