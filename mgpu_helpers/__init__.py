@@ -15,6 +15,7 @@
 * :mod:`~mgpu_helpers.predictor` — per-GPU memory predictions (precision, optimizer, ZeRO stage)
 * :mod:`~mgpu_helpers.precision` — number formats, per-process state bytes, side-by-side step timing
 * :mod:`~mgpu_helpers.troubleshoot` — safe OOM reproduction, batch-size finder, ``diagnose(exc)``
+* :mod:`~mgpu_helpers.tuning` — Ray Tune on loopback, trainables, equal-budget studies (imports Ray lazily)
 * :mod:`~mgpu_helpers.course` — the course map
 
 Importing the package imports none of these (and never Ray); import the module you need.

@@ -99,11 +99,10 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "06",
         "06_hyperparameter_tuning.ipynb",
         "Hyperparameter tuning",
-        "grid, random, Bayesian; Ray Tune with ASHA; a local Ray cluster",
+        "grid vs random vs Bayesian on equal budgets; Ray Tune with ASHA; a local Ray cluster",
         "Ray on CPU",
         "fractional GPUs per trial",
         "trials spread over GPUs",
-        ready=False,
     ),
     Notebook(
         "07",
