@@ -9,6 +9,8 @@
 * :mod:`~mgpu_helpers.exercises` — automatic checks for exercises
 * :mod:`~mgpu_helpers.plotting`, :mod:`~mgpu_helpers.diagrams` — plots and drawn diagrams
 * :mod:`~mgpu_helpers.launcher` — run a function on N processes from a notebook
+* :mod:`~mgpu_helpers.pipeline` — pipeline stages as processes, measured timelines
+* :mod:`~mgpu_helpers.schedules` — GPipe / 1F1B / interleaved schedule simulator
 * :mod:`~mgpu_helpers.virtual_dp` — nn.DataParallel rebuilt over virtual devices
 * :mod:`~mgpu_helpers.dataloading` — measured DataLoader sweeps (num_workers, pin_memory)
 * :mod:`~mgpu_helpers.ddp` — c10d torchrun jobs, DDP throughput, per-rank plots

@@ -66,7 +66,6 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "stages as CPU processes (gloo)",
         "CPU processes for the multi-stage parts",
         "stages on cuda:0, cuda:1",
-        ready=False,
     ),
     Notebook(
         "03",
