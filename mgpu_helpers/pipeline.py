@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .schedules import SCHEDULES, Action, Task, plot_gantt, stage_order
+from .schedules import SCHEDULES, Action, StageTimes, Task, plot_gantt, stage_order
 
 __all__ = [
     "PipelineRun",
@@ -112,7 +112,7 @@ class StageRecorder:
 
 
 @dataclass
-class Timeline:
+class Timeline(StageTimes):
     """The measured tasks of all stages in one training step."""
 
     tasks: list[Task]
@@ -138,18 +138,8 @@ class Timeline:
         """From the first task's start to the last task's end, in seconds."""
         return max(t.end for t in self.tasks) - self.start
 
-    def busy(self, stage: int) -> float:
-        """Seconds ``stage`` spent computing."""
-        return sum(t.duration for t in self.tasks if t.stage == stage)
-
-    def idle_fraction(self, stage: int) -> float:
-        """Share of the step during which ``stage`` did not compute."""
-        return 1.0 - self.busy(stage) / self.makespan
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the step, averaged over the stages."""
-        return sum(self.idle_fraction(s) for s in range(self.stages)) / self.stages
+    def _stage_count(self) -> int:
+        return self.stages
 
     def cpu_share(self, stage: int) -> float | None:
         """CPU time / wall time of ``stage``'s passes: about 1.0 when it had a core to itself, less when

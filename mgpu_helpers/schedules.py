@@ -168,8 +168,38 @@ def _one_f_one_b(forwards: list[Action], backwards: list[Action], warmup: int) -
 
 
 # ---------------------------------------------------------------------- simulation
+class StageTimes:
+    """Busy and idle time per stage, shared by simulated schedules and measured timelines.
+
+    Subclasses provide ``tasks``, ``makespan`` and the number of stages.
+    """
+
+    tasks: list[Task]
+
+    @property
+    def makespan(self) -> float:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def _stage_count(self) -> int:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def busy(self, stage: int) -> float:
+        """Time ``stage`` spends computing."""
+        return sum(t.duration for t in self.tasks if t.stage == stage)
+
+    def idle_fraction(self, stage: int) -> float:
+        """Share of the step during which ``stage`` is idle."""
+        return 1.0 - self.busy(stage) / self.makespan
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the step, averaged over stages (``(p-1)/(m+p-1)`` for GPipe and 1F1B)."""
+        n = self._stage_count()
+        return sum(self.idle_fraction(s) for s in range(n)) / n
+
+
 @dataclass
-class ScheduleResult:
+class ScheduleResult(StageTimes):
     """A simulated schedule: every task's times, and what they add up to."""
 
     schedule: str
@@ -190,18 +220,8 @@ class ScheduleResult:
         """Bubble-free time: the work of one stage, ``m · (forward + backward)``."""
         return self.m * (self.forward + self.backward)
 
-    def busy(self, stage: int) -> float:
-        """Time ``stage`` spends computing."""
-        return sum(t.duration for t in self.tasks if t.stage == stage)
-
-    def idle_fraction(self, stage: int) -> float:
-        """Share of the step during which ``stage`` is idle."""
-        return 1.0 - self.busy(stage) / self.makespan
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the total time, averaged over stages (``(p-1)/(m+p-1)`` for GPipe and 1F1B)."""
-        return sum(self.idle_fraction(s) for s in range(self.p)) / self.p
+    def _stage_count(self) -> int:
+        return self.p
 
     @property
     def bubble_ratio(self) -> float:
