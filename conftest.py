@@ -5,6 +5,8 @@ import time
 import psutil
 import pytest
 
+from mgpu_helpers.processes import stop_processes
+
 # Python's multiprocessing starts one resource-tracker process per interpreter the first time 'spawn'
 # or 'forkserver' is used; it belongs to the interpreter and exits with it, so it is not a leak.
 _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -39,10 +41,14 @@ def no_leftover_children():
     """Fail a unit test that leaves a process it started (torchrun agents, workers, Ray) running."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
+    # A child that was just told to stop may need a moment to exit: poll, never judge the first look.
+    deadline = time.monotonic() + 5
     left = _children(before)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _children(before)
     names = _describe(left)
-    for p in left:
-        p.kill()
+    stop_processes(left, grace_s=1.0)
     assert not left, f"test left processes running: {names}"
 
 
@@ -55,6 +61,5 @@ def pytest_sessionfinish(session, exitstatus):
         left = _children()
     if left:
         print(f"\nERROR: processes left running after the tests: {_describe(left)}")
-        for p in left:
-            p.kill()
+        stop_processes(left, grace_s=1.0)
         session.exitstatus = 1

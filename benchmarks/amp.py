@@ -6,7 +6,7 @@ For each case the same model (same initial weights) is trained in fp32 and under
 step are counted by ``MemoryTracker``. On a GPU (``--device cuda``, the default when one is visible)
 fp16 autocast with ``GradScaler`` is timed too.
 
-    python benchmarks/amp.py [--repeats 5] [--device cpu|cuda]
+    python benchmarks/amp.py [--repeats 5] [--device cpu|cuda] [--quick]
 
 Last line: ``RESULT bf16_speedup=<x> memory_ratio=<y>`` — fp32 step time over bf16 step time, and bf16
 peak step memory over fp32 peak step memory; each the geometric mean over the cases.
@@ -86,7 +86,10 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
     device = torch.device(args.device)
     modes = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -95,7 +98,7 @@ def main() -> None:
     if device.type == "cpu":
         print(f"CPU has native bf16 instructions (avx512_bf16/amx_bf16): {cpu_has_native_bf16()}")
     speedups, ratios = [], []
-    for name, factory in cases(device).items():
+    for name, factory in list(cases(device).items())[: 1 if args.quick else None]:
         steps = {}
         for mode in modes:
             torch.manual_seed(0)

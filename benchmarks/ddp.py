@@ -6,7 +6,7 @@ step (so the work per step is fixed) and gets one core — as it would get one G
 1- and 2-process runs alternate, several rounds, and the medians are compared, so both see the same
 machine load; the load average is printed because other programs on the machine make the ratio noisy.
 
-    python benchmarks/ddp.py [--rounds 5] [--steps 20]
+    python benchmarks/ddp.py [--rounds 5] [--steps 20] [--quick]
 
 Last line: ``RESULT ddp_speedup_2proc=<x>`` (median throughput of 2 processes / median of 1).
 """
@@ -28,7 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating 1- and 2-process runs (default 5)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run (default 20)")
     parser.add_argument("--global-batch", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps, args.global_batch = 1, 2, 64
     print(f"hardware: {hardware_label()}")
     print(
         f"MLP 256-512-512-10, global batch {args.global_batch}, {args.steps} timed steps, "

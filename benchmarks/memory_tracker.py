@@ -5,7 +5,7 @@ the overhead is a ratio of two measurements taken side by side. The tracker's pe
 (parameters + gradients + optimizer state, read right after ``optimizer.step()``) are compared with
 the analytic estimate; the peak (which adds activations and temporaries) is shown against it too.
 
-    python benchmarks/memory_tracker.py
+    python benchmarks/memory_tracker.py [--quick]
 
 Last line: ``RESULT tracker_over_analytic=<x> peak_over_analytic=<y> tracking_overhead=<z>``, each the
 geometric mean over the cases.
@@ -13,6 +13,7 @@ geometric mean over the cases.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from collections.abc import Callable
@@ -65,10 +66,12 @@ def cases() -> list[tuple[str, Callable[[], tuple[torch.nn.Module, torch.optim.O
     ]
 
 
-def train(model, opt, loss_fn, tracker: MemoryTracker | None) -> tuple[float, dict[str, int] | None]:
+def train(
+    model, opt, loss_fn, tracker: MemoryTracker | None, steps: int = STEPS
+) -> tuple[float, dict[str, int] | None]:
     after_step = None
     start = time.perf_counter()
-    for _ in range(STEPS):
+    for _ in range(steps):
         loss_fn().backward()
         opt.step()
         if tracker is not None and after_step is None:
@@ -78,17 +81,23 @@ def train(model, opt, loss_fn, tracker: MemoryTracker | None) -> tuple[float, di
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke test: two cases, no timing claim")
+    args = parser.parse_args()
+    steps = 2 if args.quick else STEPS
     torch.manual_seed(0)
     torch.set_num_threads(1)
     ratios, peaks, overheads = [], [], []
     print(f"{'case':26}{'analytic B':>14}{'tracked B':>14}{'ratio':>8}{'peak/analytic':>15}{'overhead':>10}")
-    for name, factory in cases():
+    for name, factory in cases()[: 2 if args.quick else None]:
         model, opt, loss_fn = factory()
-        train(model, opt, loss_fn, None)  # warm-up, also creates the optimizer state
-        plain, _ = train(model, opt, loss_fn, None)
+        train(model, opt, loss_fn, None, steps)  # warm-up, also creates the optimizer state
+        plain, _ = train(model, opt, loss_fn, None, steps)
         tracker = MemoryTracker(model, opt)
         with tracker:
-            tracked_time, after_step = train(model, opt, loss_fn, tracker)
+            tracked_time, after_step = train(model, opt, loss_fn, tracker, steps)
         tracker.close()
         est = estimate_training_memory(model, opt)
         persistent = after_step["parameters"] + after_step["gradients"] + after_step["optimizer"]

@@ -5,7 +5,7 @@ two-stage model and the same batch; the fastest of several steps of each is kept
 batch into m = 8 micro-batches. With p = 2 stages the ideal speed-up over the naive split is
 m·p / (m + p − 1) = 16/9 ≈ 1.78 (the bubble takes (p − 1)/(m + p − 1) = 1/9 of the step).
 
-    python benchmarks/pipeline.py [--width 1024] [--layers 3] [--batch 4096] [--m 8] [--repeats 5]
+    python benchmarks/pipeline.py [--width 1024] [--layers 3] [--batch 4096] [--m 8] [--repeats 5] [--quick]
 
 The stages are big matrix products, so that sending activations (a few MiB per step over loopback)
 is small next to computing them, and micro-batches keep 512 rows: much smaller ones run measurably
@@ -23,8 +23,7 @@ import os
 import time
 
 from mgpu_helpers.hardware import hardware_label
-from mgpu_helpers.pipeline import PipelineSpec, run_pipeline
-from mgpu_helpers.schedules import pipeline_speedup, simulate
+from mgpu_helpers.pipeline import PipelineSpec, pipeline_speedup, run_pipeline, simulate
 
 
 def main() -> None:
@@ -36,7 +35,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--m", type=int, default=8, help="micro-batches for GPipe")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
     args = parser.parse_args()
+    if args.quick:
+        args.width, args.layers, args.batch, args.m, args.repeats = 64, 1, 64, 2, 1
 
     p = 2
     spec = PipelineSpec(

@@ -8,6 +8,7 @@ count the epochs until it came within 1 percentage point of the best accuracy an
 
     python benchmarks/tuning.py                    # 5 seeds, budget = 6 full trainings of 8 epochs
     python benchmarks/tuning.py --seeds 10 --budget-trials 12
+    python benchmarks/tuning.py --quick            # smoke test: tiny budget, no claim
 
 A run that never reaches the target counts as the whole budget (so such means are lower bounds; the
 table says how many seeds got there). Last line:
@@ -35,7 +36,10 @@ def main() -> None:
     )
     parser.add_argument("--max-t", type=int, default=8, help="epochs of a full training (ASHA's max_t)")
     parser.add_argument("--tolerance", type=float, default=0.01, help="'within' this of the best (absolute)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.budget_trials, args.max_t = 3, 2, 2
     if args.seeds < 3:
         parser.error("use at least 3 seeds: single runs of a search are mostly luck")
 

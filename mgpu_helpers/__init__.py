@@ -1,24 +1,19 @@
-"""Helpers for the mgpu course: the plumbing behind the notebooks, one module per concern.
+"""Helpers for the mgpu course: the plumbing behind the notebooks, laid out like the course.
 
-* :mod:`~mgpu_helpers.hardware` — what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil)
-* :mod:`~mgpu_helpers.memory` — exact memory accounting by category on any device
-* :mod:`~mgpu_helpers.widgets` — a live memory panel for training loops
-* :mod:`~mgpu_helpers.data`, :mod:`~mgpu_helpers.models` — toy datasets and models, made locally
-* :mod:`~mgpu_helpers.launch` — real torchrun jobs from a notebook, cleaned up afterwards
-* :mod:`~mgpu_helpers.labels` — "measured / simulated / estimated" labels for numbers
-* :mod:`~mgpu_helpers.exercises` — automatic checks for exercises
-* :mod:`~mgpu_helpers.plotting`, :mod:`~mgpu_helpers.diagrams` — plots and drawn diagrams
-* :mod:`~mgpu_helpers.launcher` — run a function on N processes from a notebook
-* :mod:`~mgpu_helpers.pipeline` — pipeline stages as processes, measured timelines
-* :mod:`~mgpu_helpers.schedules` — GPipe / 1F1B / interleaved schedule simulator
-* :mod:`~mgpu_helpers.virtual_dp` — nn.DataParallel rebuilt over virtual devices
-* :mod:`~mgpu_helpers.dataloading` — measured DataLoader sweeps (num_workers, pin_memory)
-* :mod:`~mgpu_helpers.ddp` — c10d torchrun jobs, DDP throughput, per-rank plots
-* :mod:`~mgpu_helpers.predictor` — per-GPU memory predictions (precision, optimizer, ZeRO stage)
-* :mod:`~mgpu_helpers.precision` — number formats, per-process state bytes, side-by-side step timing
-* :mod:`~mgpu_helpers.troubleshoot` — safe OOM reproduction, batch-size finder, ``diagnose(exc)``
-* :mod:`~mgpu_helpers.tuning` — Ray Tune on loopback, trainables, equal-budget studies (imports Ray lazily)
-* :mod:`~mgpu_helpers.course` — the course map
+Shared building blocks first, then one module or subpackage per notebook topic (README's module table
+lists them with the notebooks that use them; ``mgpu_helpers.course.MODULES`` is its source):
+
+* :mod:`~mgpu_helpers.course`, :mod:`~mgpu_helpers.labels`, :mod:`~mgpu_helpers.exercises` — the course
+  map, "measured / simulated / estimated" labels, exercise checks
+* :mod:`~mgpu_helpers.hardware` — what this machine has, and the one backend rule ``choose_backend``
+* :mod:`~mgpu_helpers.processes` — free ports, loopback checks, stopping process trees
+* :mod:`~mgpu_helpers.figures` — static figures, shared colours, node and rank diagrams
+* :mod:`~mgpu_helpers.data`, :mod:`~mgpu_helpers.models` — small datasets and models, made locally
+* :mod:`~mgpu_helpers.memory` — memory tracking by category, the analytic estimator, plots, the panel
+* :mod:`~mgpu_helpers.launching` — ``launch`` from a notebook, ``run_torchrun`` jobs, the torchrun worker
+* one per topic: :mod:`~mgpu_helpers.pipeline` (02), :mod:`~mgpu_helpers.data_parallel` (03),
+  :mod:`~mgpu_helpers.ddp` (04), :mod:`~mgpu_helpers.precision` (05), :mod:`~mgpu_helpers.tuning` (06,
+  needs the ``tune`` extra), :mod:`~mgpu_helpers.troubleshoot` (07)
 
 Importing the package imports none of these (and never Ray); import the module you need.
 Run ``python -m mgpu_helpers`` to see this machine and what each notebook will do on it.

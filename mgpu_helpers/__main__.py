@@ -1,11 +1,12 @@
-"""``python -m mgpu_helpers``: this machine's hardware table and what each notebook does here."""
+"""Used by notebook 00 and the README (``python -m mgpu_helpers``): this machine's hardware table, the
+distributed backend to use here, and what each notebook does on this machine."""
 
 from __future__ import annotations
 
 import argparse
 
 from .course import modes_here
-from .hardware import describe_node, format_node_table, recommended_backend
+from .hardware import choose_backend, describe_node, format_node_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     info = describe_node()
     print(format_node_table(info))
     print()
-    print(f"Distributed backend to use here: {recommended_backend(info)}")
+    print(f"Distributed backend to use here: {choose_backend(info=info)}")
+    if info.gpu_count > 1:
+        n = info.gpu_count
+        print(f"  with {n} processes (one per GPU): {choose_backend(n, info)}; with more: gloo")
     print()
     print(
         f"What each notebook does on this machine ({info.gpu_count} GPU{'s' if info.gpu_count != 1 else ''}):"

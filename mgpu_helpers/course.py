@@ -1,7 +1,9 @@
-"""The course map: one entry per notebook, and what each does on CPU, one GPU and several GPUs.
+"""Used by notebook 00 and ``python -m mgpu_helpers``. The course map: one entry per notebook, what
+each does on CPU, one GPU and several GPUs, and which helper modules it imports; plus the package's
+module table.
 
-README.md shows the same table (a unit test keeps the two in step), ``python -m mgpu_helpers`` prints
-which mode each notebook will use on this machine, and notebook 00 renders it.
+README.md shows both tables (unit tests keep them in step with this file, with the notebooks' real
+imports and with the modules on disk; ``python tools/update_readme.py`` rewrites them).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Notebook:
     cpu: str
     one_gpu: str
     multi_gpu: str
+    #: The ``mgpu_helpers`` modules the notebook imports (checked against its code by a test).
+    helpers: tuple[str, ...] = ()
     ready: bool = True
 
     @property
@@ -47,6 +51,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "full",
         "full",
         "full",
+        helpers=("course", "exercises", "hardware", "labels"),
     ),
     Notebook(
         "01",
@@ -57,6 +62,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "torchrun with gloo on 127.0.0.1; memory tracked on CPU",
         "same launch on gloo with GPUs hidden (NCCL needs a GPU per rank); tracker on cuda:0",
         "NCCL with 4+ GPUs (2 per simulated node), else gloo; tracker on cuda:0",
+        helpers=("data", "exercises", "figures", "hardware", "launching", "memory", "models"),
     ),
     Notebook(
         "02",
@@ -66,6 +72,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "stages as CPU processes (gloo)",
         "CPU processes for the multi-stage parts",
         "stages on cuda:0, cuda:1",
+        helpers=("exercises", "hardware", "labels", "launching", "memory", "pipeline"),
     ),
     Notebook(
         "03",
@@ -75,6 +82,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "virtual devices, memory simulated",
         "virtual devices, memory simulated",
         "real nn.DataParallel, memory measured",
+        helpers=("data", "data_parallel", "exercises", "hardware", "labels", "memory", "models"),
     ),
     Notebook(
         "04",
@@ -84,6 +92,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
+        helpers=("data", "ddp", "exercises", "hardware", "labels", "launching", "models", "processes"),
     ),
     Notebook(
         "05",
@@ -93,6 +102,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "bf16 autocast timed; ZeRO-1 and FSDP2 on 2 gloo processes",
         "fp16 + GradScaler and bf16 on cuda:0; sharding on gloo CPU processes",
         "ZeRO-1/FSDP2 with NCCL on 2 GPUs",
+        helpers=("data", "exercises", "hardware", "labels", "launching", "memory", "models", "precision"),
     ),
     Notebook(
         "06",
@@ -102,6 +112,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Ray on CPU",
         "fractional GPUs per trial",
         "trials spread over GPUs",
+        helpers=("exercises", "labels", "processes", "tuning"),
     ),
     Notebook(
         "07",
@@ -111,8 +122,52 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "OOM in a memory-capped child process",
         "OOM under a capped memory fraction",
         "same, per device",
+        helpers=("exercises", "hardware", "labels", "launching", "memory", "models", "troubleshoot"),
     ),
 )
+
+
+#: Every module (or subpackage) of ``mgpu_helpers``, in the order a newcomer should read them: shared
+#: building blocks first, then one per notebook topic. README's module table is generated from it.
+MODULES: dict[str, str] = {
+    "course": "the course map and this module table",
+    "labels": '"measured / simulated / estimated" labels for every printed number',
+    "exercises": "automatic checks for exercises (✅ / ❌ with a hint)",
+    "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "
+    "backend rule, `choose_backend`",
+    "processes": "free ports, loopback-only checks, stopping a process tree, children that die with "
+    "their parent",
+    "figures": "static figures for saved notebooks (`figure_to_png`), shared colours, node and rank diagrams",
+    "data": "small datasets made locally (classification blobs, images, sequences, tokens)",
+    "models": "small models (MLP, CNN, RNN, transformer) and the one parameter-bytes count",
+    "memory": "exact memory accounting by category (tracker, virtual devices), the one analytic "
+    "estimator, memory plots and the live memory panel",
+    "launching": "run a function on N processes from a notebook (`launch`), real torchrun jobs "
+    "(`run_torchrun`) and the torchrun worker",
+    "pipeline": "pipeline schedules (simulator), stages as real processes, measured timelines",
+    "data_parallel": "nn.DataParallel rebuilt over virtual devices, DataLoader sweeps",
+    "ddp": "DistributedDataParallel jobs, throughput, per-rank plots",
+    "precision": "number formats, step timing side by side, per-process state bytes",
+    "tuning": "Ray Tune on loopback, a local Ray cluster, trainables, equal-budget studies "
+    "(needs the `tune` extra)",
+    "troubleshoot": "memory-capped children, OOM, batch-size finder, leaks, `diagnose(exc)`",
+}
+
+
+def module_users(module: str) -> list[str]:
+    """Numbers of the notebooks that import ``mgpu_helpers.<module>`` directly."""
+    if module not in MODULES:
+        raise ValueError(f"unknown module {module!r}; known: {', '.join(MODULES)}")
+    return [nb.number for nb in NOTEBOOKS if module in nb.helpers]
+
+
+def module_table_markdown() -> str:
+    """The README's module table (Markdown), generated from :data:`MODULES` and the notebooks' imports."""
+    rows = ["| module | what is inside | notebooks |", "|---|---|---|"]
+    for name, what in MODULES.items():
+        users = ", ".join(module_users(name)) or "via other modules"
+        rows.append(f"| `mgpu_helpers.{name}` | {what} | {users} |")
+    return "\n".join(rows)
 
 
 def course_map_markdown() -> str:

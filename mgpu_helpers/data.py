@@ -1,4 +1,5 @@
-"""Small synthetic datasets for the course, generated locally and deterministically.
+"""Used by notebooks 01, 03, 04 and 05 (and by :mod:`mgpu_helpers.tuning` for notebook 06): small
+synthetic datasets for the course, generated locally and deterministically.
 
 Nothing here downloads anything: every dataset is built from a seeded
 ``torch.Generator``, so the same arguments always give the same tensors, on
@@ -18,11 +19,15 @@ function                 one item (x, y)         model that learns it
 """
 
 import math
+import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset, random_split
+
+from ._checks import whole
 
 __all__ = [
     "RandomDataset",
@@ -35,9 +40,18 @@ __all__ = [
 ]
 
 
+def _seed(seed: Any) -> int:
+    """Return ``seed`` if it is an int >= 0, else raise saying what to pass."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int >= 0 such as 0, not {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, not {seed}")
+    return int(seed)
+
+
 def _generator(seed: int) -> torch.Generator:
     """Return a CPU generator seeded with ``seed`` (the global RNG is left alone)."""
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(_seed(seed))
 
 
 def _balanced_labels(n_samples: int, n_classes: int, gen: torch.Generator) -> Tensor:
@@ -61,6 +75,7 @@ class RandomDataset(Dataset):
     """
 
     def __init__(self, size: int, length: int, seed: int = 0) -> None:
+        size, length = whole("size (values per item)", size), whole("length (number of items)", length)
         self.len = length
         self.data = torch.randn(length, size, generator=_generator(seed))
 
@@ -100,6 +115,12 @@ def make_classification(
         A ``TensorDataset`` of features, float32 ``(n_samples, n_features)``,
         and labels, int64 ``(n_samples,)`` in ``[0, n_classes)``.
     """
+    n_samples, n_features = whole("n_samples", n_samples), whole("n_features", n_features)
+    n_classes = whole("n_classes", n_classes)
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real):
+        raise TypeError(f"noise must be a number (a standard deviation >= 0 such as 1.0), not {noise!r}")
+    if not 0 <= noise < math.inf:
+        raise ValueError(f"noise must be a finite standard deviation >= 0 such as 1.0, not {noise}")
     gen = _generator(seed)
     centres = torch.randn(n_classes, n_features, generator=gen)
     centres = 3.5 * centres / centres.norm(dim=1, keepdim=True)
@@ -116,15 +137,28 @@ def train_val_split(dataset: Dataset, val_fraction: float = 0.2, seed: int = 0) 
 
     Args:
         dataset: any dataset with a length.
-        val_fraction: share of the items that go to validation, in (0, 1).
+        val_fraction: share of the items that go to validation, in (0, 1); both parts must be
+            non-empty.
         seed: seed of the shuffle.
 
     Returns:
         ``(train, val)``, with ``len(val) == round(len(dataset) * val_fraction)``.
     """
+    if isinstance(dataset, str | bytes) or not (
+        hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    ):
+        raise TypeError(f"dataset must be a Dataset with a length, not {type(dataset).__name__}")
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
+        raise TypeError(f"val_fraction must be a number between 0 and 1 such as 0.2, not {val_fraction!r}")
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise ValueError(f"val_fraction must be strictly between 0 and 1 such as 0.2, not {val_fraction}")
     n_val = round(len(dataset) * val_fraction)
+    if not 0 < n_val < len(dataset):
+        raise ValueError(
+            f"val_fraction={val_fraction} of {len(dataset)} items leaves "
+            f"{'the validation' if n_val == 0 else 'the training'} set empty; "
+            "use a larger dataset or a fraction nearer 0.5"
+        )
     train, val = random_split(dataset, [len(dataset) - n_val, n_val], generator=_generator(seed))
     return train, val
 
@@ -156,6 +190,9 @@ def make_images(
         A ``TensorDataset`` of images, float32 ``(n_samples, channels,
         image_size, image_size)``, and labels, int64 ``(n_samples,)``.
     """
+    n_samples, channels = whole("n_samples", n_samples), whole("channels", channels)
+    n_classes = whole("n_classes", n_classes)
+    image_size = whole("image_size (pixels; the stripes have a period of 4)", image_size, minimum=4)
     gen = _generator(seed)
     labels = _balanced_labels(n_samples, n_classes, gen)
     angle = math.pi * labels.float() / n_classes  # (N,)
@@ -201,8 +238,12 @@ def make_sequences(
         A ``TensorDataset`` of sequences, float32 ``(n_samples, seq_len,
         n_features)``, and labels, int64 ``(n_samples,)``.
     """
+    n_samples, seq_len = whole("n_samples", n_samples), whole("seq_len", seq_len)
+    n_features, n_classes = whole("n_features", n_features), whole("n_classes", n_classes)
     if seq_len < n_classes:
-        raise ValueError(f"seq_len ({seq_len}) must be at least n_classes ({n_classes})")
+        raise ValueError(
+            f"seq_len ({seq_len}) must be at least n_classes ({n_classes}): one time segment per class"
+        )
     gen = _generator(seed)
     labels = _balanced_labels(n_samples, n_classes, gen)
     # Segment c covers steps [starts[c], starts[c + 1]).
@@ -233,6 +274,10 @@ def collate_seq_batch_second(batch: Sequence[tuple[Tensor, Tensor]]) -> tuple[Te
     Returns:
         ``(sequences, labels)``: ``(seq_len, batch, n_features)`` and ``(batch,)``.
     """
+    if not isinstance(batch, Sequence) or not batch:
+        raise ValueError("batch must be a non-empty list of (sequence, label) pairs, as a DataLoader passes")
+    if not all(isinstance(item, tuple | list) and len(item) == 2 for item in batch):
+        raise TypeError("each item of batch must be a (sequence, label) pair, as make_sequences yields")
     sequences, labels = zip(*batch, strict=True)
     return torch.stack(sequences, dim=1), torch.stack(labels)
 
@@ -262,6 +307,8 @@ def make_tokens(
     Returns:
         A ``TensorDataset`` of inputs and targets, both int64 ``(n_samples, seq_len)``.
     """
+    n_samples, seq_len = whole("n_samples", n_samples), whole("seq_len", seq_len)
+    vocab_size = whole("vocab_size", vocab_size, minimum=2)
     gen = _generator(seed)
     perm = torch.randperm(vocab_size, generator=gen)
     tokens = torch.empty(n_samples, seq_len + 1, dtype=torch.long)

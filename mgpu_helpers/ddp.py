@@ -1,15 +1,15 @@
-"""Plumbing for the DistributedDataParallel notebook (04) and ``benchmarks/ddp.py``.
+"""Used by notebook 04 (DistributedDataParallel) and ``benchmarks/ddp.py``: the notebook's plumbing.
 
 The concepts (process groups, the ring all-reduce, the DDP training loop) are written out in the
 notebook; this module holds what would only distract there:
 
 * :func:`run_c10d_job` — a multi-"node" ``torchrun`` job on this machine that meets through the
   **c10d rendezvous** on ``127.0.0.1`` (every node runs the *same* command; the rendezvous hands out
-  node ranks), with the same clean-up guarantees as :func:`mgpu_helpers.launch.run_torchrun`, which
-  uses the static ``--master-addr``/``--node-rank`` style instead;
+  node ranks), with the same clean-up guarantees as :func:`mgpu_helpers.launching.run_torchrun`, which
+  uses the static ``--master-addr``/``--node-rank`` style by default;
 * :func:`plot_loss_per_rank` and :func:`plot_bytes_per_rank` — the two plots of the notebook;
 * :func:`measure_throughput` — samples per second of DDP training with N processes at a fixed global
-  batch, launched with :func:`mgpu_helpers.launcher.launch` (shared by the notebook and the benchmark).
+  batch, launched with :func:`mgpu_helpers.launching.launch` (shared by the notebook and the benchmark).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .launch import NodeRun, run_torchrun
+from .launching import NodeRun, launch, run_torchrun
 
 __all__ = [
     "measure_throughput",
@@ -43,8 +43,8 @@ def run_c10d_job(
 
     Every agent runs the *same* command (``--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:<port>``);
     the rendezvous numbers the nodes (the workers' ``GROUP_RANK``). This is
-    :func:`mgpu_helpers.launch.run_torchrun` with ``rdzv="c10d"``: failures quote the failing node's
-    traceback, and every process is gone when it returns or raises.
+    :func:`mgpu_helpers.launching.run_torchrun` with ``rdzv="c10d"``: failures name the failing rank
+    and quote its traceback, and every process is gone when it returns or raises.
     """
     return run_torchrun(
         target,
@@ -57,6 +57,19 @@ def run_c10d_job(
         check=check,
         rdzv="c10d",
     )
+
+
+def _series(name: str, values: Any) -> list[Any]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list, not {type(values).__name__}")
+    return list(values)
+
+
+def _numbers(name: str, values: Any) -> list[float]:
+    values = _series(name, values)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{name} must be a list of numbers, got {values!r}")
+    return values
 
 
 def plot_loss_per_rank(
@@ -74,9 +87,10 @@ def plot_loss_per_rank(
         ax: matplotlib axes to draw on (a new figure when None).
         title: the plot's title.
     """
+    losses = [_numbers(f"losses[{r}]", values) for r, values in enumerate(_series("losses", losses))]
     if not losses or any(len(r) != len(losses[0]) for r in losses):
         raise ValueError("losses must be a non-empty list with the same number of steps for every rank")
-    if reference is not None and len(reference) != len(losses[0]):
+    if reference is not None and len(_numbers("reference", reference)) != len(losses[0]):
         raise ValueError(f"reference has {len(reference)} steps, the ranks have {len(losses[0])}")
     if ax is None:
         import matplotlib.pyplot as plt
@@ -114,8 +128,25 @@ def plot_bytes_per_rank(
     units = {"B": 1, "KiB": 1024, "MiB": 1024**2}
     if unit not in units:
         raise ValueError(f"unit must be one of {sorted(units)}, not {unit!r}")
-    if not ring:
-        raise ValueError("ring must hold at least one world size")
+    if not isinstance(ring, Mapping) or not ring:
+        raise ValueError(
+            "ring must be a dict {world size: [bytes sent by each rank]} with at least one entry"
+        )
+    for name, data in (("ring", ring), ("naive", naive or {})):
+        if not isinstance(data, Mapping):
+            raise TypeError(
+                f"{name} must be a dict {{world size: [bytes per rank]}}, not {type(data).__name__}"
+            )
+        for n, values in data.items():
+            if (
+                isinstance(n, bool)
+                or not isinstance(n, int)
+                or n < 1
+                or len(_numbers(f"{name}[{n}]", values)) != n
+            ):
+                raise ValueError(
+                    f"{name}[{n!r}] must list the bytes of each of the {n!r} ranks, got {values!r}"
+                )
     if ax is None:
         import matplotlib.pyplot as plt
 
@@ -202,21 +233,24 @@ def measure_throughput(
 
     Every process trains the same MLP on ``global_batch // nprocs`` samples per step (so the work per
     step is the same for any ``nprocs``); the time is the slowest rank's, after ``warmup`` steps.
-    Processes are started with :func:`mgpu_helpers.launcher.launch` (gloo on CPU, NCCL with a GPU per
-    process). ``threads_per_process=1`` gives each process one core, as it would get one GPU; more
-    threads with fork are only safe if this process has not run multi-threaded ops (the launcher warns).
+    Processes are started with :func:`mgpu_helpers.launching.launch` (backend from
+    :func:`mgpu_helpers.hardware.choose_backend`: gloo on CPU, NCCL with a GPU per process).
+    ``threads_per_process=1`` gives each process one core, as it would get one GPU; more threads with
+    fork are only safe if this process has not run multi-threaded ops (launch warns).
     """
-    if nprocs < 1 or global_batch % nprocs:
+    limits = [("nprocs", nprocs, 1), ("global_batch", global_batch, 1), ("steps", steps, 1)]
+    limits += [("warmup", warmup, 0), ("in_features", in_features, 1), ("hidden", hidden, 1)]
+    limits += [("depth", depth, 1), ("threads_per_process", threads_per_process, 1)]
+    for name, value, minimum in limits:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number, not {value!r}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    if global_batch < nprocs or global_batch % nprocs:
         raise ValueError(
-            f"global_batch ({global_batch}) must be divisible by nprocs ({nprocs}), which must be >= 1"
+            f"global_batch ({global_batch}) must be a positive multiple of nprocs ({nprocs}), "
+            f"such as {nprocs * max(1, global_batch // nprocs)}"
         )
-    if steps < 1 or warmup < 0 or threads_per_process < 1:
-        raise ValueError(
-            f"steps and threads_per_process must be >= 1 and warmup >= 0 "
-            f"(got {steps}, {threads_per_process}, {warmup})"
-        )
-    from .launcher import launch
-
     seconds = launch(
         _throughput_worker,
         nprocs,

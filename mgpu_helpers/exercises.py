@@ -1,4 +1,5 @@
-"""Automatic checks for notebook exercises: a clear pass/fail line and a hint, never an exception.
+"""Used by the exercises of notebooks 00, 01, 02, 03, 04, 05, 06 and 07: automatic checks with a clear
+pass/fail line and a hint.
 
 An exercise cell leaves ``answer = None`` for the student to fill in and ends with::
 
@@ -11,14 +12,17 @@ which prints one of
 * ``❌ Exercise 1a: not quite (got 4004000). Hint: …``
 
 and returns a :class:`CheckResult` that is truthy only when correct, so a solution cell can
-``assert check(...)``; as the last line of a cell it displays nothing more. Checks never raise, so an
-unanswered exercise does not stop "Run all".
+``assert check(...)``; as the last line of a cell it displays nothing more. A missing or wrong answer
+never raises, so an unanswered exercise does not stop "Run all"; a check that is itself written wrongly
+(no name, negative tolerances, a ``func`` that is not a function, no cases) raises ``TypeError`` /
+``ValueError`` saying what to pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["CheckResult", "check", "check_function"]
@@ -38,6 +42,19 @@ class CheckResult:
 
     def _ipython_display_(self) -> None:
         """The printed line already said everything; display nothing else."""
+
+
+def _check_call(name: Any, hint: Any, **tolerances: Any) -> None:
+    """Refuse a malformed check (the author's mistake, not the student's) with what to pass instead."""
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"name must be the exercise's label as a non-empty str such as '1a', not {name!r}")
+    if not isinstance(hint, str):
+        raise TypeError(f"hint must be a str (may be empty), not {type(hint).__name__}")
+    for key, value in tolerances.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{key} must be a number such as 1e-6, not {value!r}")
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{key} must be a finite tolerance >= 0 such as 1e-6, not {value}")
 
 
 def _close(got: Any, expected: Any, rel_tol: float, abs_tol: float) -> bool:
@@ -67,7 +84,15 @@ def check(
 
     Numbers compare with ``math.isclose(rel_tol, abs_tol)``, strings without case or surrounding
     spaces, lists and tuples element-wise, anything else with ``==``. ``None`` means "not answered".
+
+    Args:
+        name: the exercise's label, e.g. ``"1a"``.
+        answer: the student's answer; None when not answered yet.
+        expected: the right answer.
+        hint: what to think about, printed unless correct.
+        rel_tol, abs_tol: tolerances (>= 0) for numbers, as in ``math.isclose``.
     """
+    _check_call(name, hint, rel_tol=rel_tol, abs_tol=abs_tol)
     if answer is None:
         print(f"⏳ Exercise {name}: not answered yet — replace None with your answer. Hint: {hint}")
         return CheckResult(False)
@@ -93,7 +118,28 @@ def check_function(
     hint: str,
     rel_tol: float = 1e-6,
 ) -> CheckResult:
-    """Call the student's ``func`` on each ``(args, expected)`` case; report the first mismatch."""
+    """Call the student's ``func`` on each ``(args, expected)`` case; report the first mismatch.
+
+    Args:
+        name: the exercise's label, e.g. ``"2"``.
+        func: the student's function; None when not written yet.
+        cases: at least one ``(args, expected)`` pair, ``args`` a tuple of positional arguments.
+        hint: what to think about, printed unless correct.
+        rel_tol: relative tolerance (>= 0) for numbers.
+    """
+    _check_call(name, hint, rel_tol=rel_tol)
+    if isinstance(cases, str) or not isinstance(cases, Sequence) or not cases:
+        raise ValueError("cases must be a non-empty list of (args, expected) pairs, e.g. [((2, 3), 5)]")
+    for i, case in enumerate(cases):
+        if not (isinstance(case, tuple | list) and len(case) == 2 and isinstance(case[0], tuple)):
+            raise TypeError(
+                f"cases[{i}] must be an (args, expected) pair, args a tuple, e.g. ((2, 3), 5); got {case!r}"
+            )
+    if func is not None and not callable(func):
+        raise TypeError(
+            f"func must be a function (a def or a lambda) or None, not {type(func).__name__}: "
+            "pass the function itself, not the result of calling it"
+        )
     if func is None:
         print(f"⏳ Exercise {name}: not answered yet — write the function. Hint: {hint}")
         return CheckResult(False)

@@ -1,4 +1,5 @@
-"""Label every number the course prints with how it was obtained.
+"""Used by notebooks 00 (which introduces it), 02, 03, 04, 05, 06 and 07, and by the benchmarks: label
+every number the course prints with how it was obtained.
 
 Three kinds, used the same way in every notebook:
 
@@ -15,11 +16,21 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
+__all__ = ["Labelled", "estimated", "measured", "simulated"]
+
 Kind = Literal["measured", "simulated", "estimated"]
-KINDS: tuple[Kind, ...] = ("measured", "simulated", "estimated")
+_KINDS: tuple[Kind, ...] = ("measured", "simulated", "estimated")
+
+#: What the detail of each kind names, for error messages.
+_DETAIL = {
+    "measured": "on= names the hardware, e.g. on='1× NVIDIA A100'",
+    "simulated": "what= names the stand-in, e.g. what='4 GPUs accounted on CPU'",
+    "estimated": "how= names the formula, e.g. how='params + grads + Adam states'",
+}
 
 
 @dataclass(frozen=True)
@@ -32,10 +43,17 @@ class Labelled:
     detail: str
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, not {self.kind!r}")
-        if not self.detail:
-            raise ValueError(f"a {self.kind} number needs a detail: the hardware, stand-in or formula")
+        if isinstance(self.value, bool) or not isinstance(self.value, numbers.Real):
+            hint = " (a tensor: pass tensor.item())" if hasattr(self.value, "item") else ""
+            raise TypeError(f"value must be a number such as 3.1, not {self.value!r}{hint}")
+        if not isinstance(self.unit, str):
+            raise TypeError(f"unit must be a str such as 's', 'MiB' or '' (none), not {self.unit!r}")
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, not {self.kind!r}")
+        if not isinstance(self.detail, str) or not self.detail.strip():
+            raise ValueError(
+                f"a {self.kind} number needs a detail: {_DETAIL[self.kind]} (got {self.detail!r})"
+            )
 
     def formatted_value(self) -> str:
         """The value with thousands separators (integers) or 3 significant digits (floats)."""
@@ -51,7 +69,13 @@ class Labelled:
 
 
 def measured(value: float, unit: str = "", *, on: str | None = None) -> Labelled:
-    """A number observed on real hardware; ``on`` defaults to this machine's hardware label."""
+    """A number observed on real hardware; ``on`` defaults to this machine's hardware label.
+
+    Args:
+        value: the number (int or float).
+        unit: its unit, e.g. ``"s"`` or ``"MiB"``; ``""`` for none.
+        on: the hardware it was observed on; None asks :func:`mgpu_helpers.hardware.hardware_label`.
+    """
     if on is None:
         from .hardware import hardware_label
 
@@ -60,10 +84,10 @@ def measured(value: float, unit: str = "", *, on: str | None = None) -> Labelled
 
 
 def simulated(value: float, unit: str = "", *, what: str) -> Labelled:
-    """A number from a stand-in for missing hardware; ``what`` says what stood in for what."""
+    """A number from a stand-in for missing hardware; ``what`` (non-empty) says what stood in for what."""
     return Labelled(value, unit, "simulated", what)
 
 
 def estimated(value: float, unit: str = "", *, how: str) -> Labelled:
-    """A number from a formula; ``how`` names the formula."""
+    """A number from a formula; ``how`` (non-empty) names the formula."""
     return Labelled(value, unit, "estimated", how)

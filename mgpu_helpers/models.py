@@ -1,4 +1,6 @@
-"""Small models for the course, each matched to a dataset in :mod:`mgpu_helpers.data`.
+"""Used by notebooks 01, 03, 04, 05 and 07 (and the benchmarks, tuning and DDP helpers): small models
+for the course, each matched to a dataset in :mod:`mgpu_helpers.data`, and the course's one
+parameter-bytes count, :func:`parameter_bytes`.
 
 They are deliberately tiny, so that they train in seconds on a CPU; the
 point of the notebooks is how they are spread over GPUs, not the models.
@@ -14,8 +16,12 @@ model                       input -> output                     dataset
 ==========================  ==================================  ==========================
 """
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
+
+from ._checks import whole
 
 __all__ = [
     "MLP",
@@ -26,6 +32,13 @@ __all__ = [
     "count_parameters",
     "parameter_bytes",
 ]
+
+
+def _module(model: Any) -> nn.Module:
+    """Return ``model`` if it is an ``nn.Module``, else raise saying what to pass."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (e.g. MLP()), not {type(model).__name__}")
+    return model
 
 
 class MLP(nn.Sequential):
@@ -44,8 +57,9 @@ class MLP(nn.Sequential):
     def __init__(
         self, in_features: int = 20, hidden: int = 64, out_features: int = 4, depth: int = 2
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be at least 1, got {depth}")
+        in_features, hidden = whole("in_features", in_features), whole("hidden", hidden)
+        out_features = whole("out_features", out_features)
+        depth = whole("depth (hidden layers)", depth)
         layers: list[nn.Module] = []
         width = in_features
         for _ in range(depth):
@@ -70,6 +84,8 @@ class SmallCNN(nn.Module):
     """
 
     def __init__(self, in_channels: int = 3, n_classes: int = 4, width: int = 16) -> None:
+        in_channels, n_classes = whole("in_channels", in_channels), whole("n_classes", n_classes)
+        width = whole("width (channels of the first conv block)", width)
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, width, kernel_size=3, padding=1),
@@ -107,6 +123,10 @@ class TinyRNN(nn.Module):
     def __init__(
         self, n_features: int = 8, hidden: int = 32, n_classes: int = 2, batch_first: bool = False
     ) -> None:
+        n_features, hidden = whole("n_features", n_features), whole("hidden", hidden)
+        n_classes = whole("n_classes", n_classes)
+        if not isinstance(batch_first, bool):
+            raise TypeError(f"batch_first must be True or False, not {batch_first!r}")
         super().__init__()
         self.batch_first = batch_first
         self.rnn = nn.GRU(n_features, hidden, batch_first=batch_first)
@@ -145,6 +165,13 @@ class TinyTransformer(nn.Module):
         n_layers: int = 2,
         max_len: int = 64,
     ) -> None:
+        vocab_size, d_model = whole("vocab_size", vocab_size), whole("d_model", d_model)
+        n_heads, n_layers = whole("n_heads", n_heads), whole("n_layers", n_layers)
+        max_len = whole("max_len", max_len)
+        if d_model % n_heads:
+            raise ValueError(
+                f"n_heads ({n_heads}) must divide d_model ({d_model}), e.g. d_model=64, n_heads=4"
+            )
         super().__init__()
         self.max_len = max_len
         self.token_emb = nn.Embedding(vocab_size, d_model)
@@ -157,6 +184,8 @@ class TinyTransformer(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Map token ids ``(batch, seq_len)`` to next-token logits ``(batch, seq_len, vocab_size)``."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError("tokens must be an integer tensor of token ids, shape (batch, seq_len)")
         seq_len = tokens.shape[1]
         if seq_len > self.max_len:
             raise ValueError(f"sequence length {seq_len} exceeds max_len {self.max_len}")
@@ -186,6 +215,8 @@ class LargeOutputModel(nn.Module):
     """
 
     def __init__(self, in_features: int = 64, hidden: int = 128, vocab_size: int = 32_000) -> None:
+        in_features, hidden = whole("in_features", in_features), whole("hidden", hidden)
+        vocab_size = whole("vocab_size", vocab_size)
         super().__init__()
         self.vocab_size = vocab_size
         self.body = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU())
@@ -197,12 +228,14 @@ class LargeOutputModel(nn.Module):
 
     def output_bytes_per_sample(self, dtype: torch.dtype = torch.float32) -> int:
         """Bytes of output for one sample: ``vocab_size * dtype.itemsize`` (``vocab_size * 4`` in fp32)."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype such as torch.float16, not {dtype!r}")
         return self.vocab_size * dtype.itemsize
 
 
 def count_parameters(model: nn.Module) -> int:
     """Return the number of parameter values (elements) in ``model``, trainable or not."""
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in _module(model).parameters())
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -211,4 +244,4 @@ def parameter_bytes(model: nn.Module) -> int:
     Gradients and optimizer state come on top: with Adam in fp32, training
     needs about four times this (weights, gradients, two moment buffers).
     """
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return sum(p.numel() * p.element_size() for p in _module(model).parameters())

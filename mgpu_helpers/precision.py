@@ -1,21 +1,24 @@
-"""Plumbing for notebook 05 (mixed precision and memory): number-format drawings, bit strings, a
-per-process count of parameter/gradient/optimizer bytes that also understands sharded (FSDP) tensors,
-interleaved timing, and a check for native bf16 instructions on the CPU.
+"""Used by notebook 05 (mixed precision and memory): number-format drawings and bit strings, a snapshot
+of the parameter/gradient/optimizer bytes a process really holds (sharded FSDP tensors included),
+interleaved step timing, and a check for native bf16 instructions on the CPU.
 
 The concepts themselves (loss scaling, autocast, master weights, ZeRO, checkpointing) stay in the
 notebook; this module only draws, counts and times.
 
-Why :func:`local_state_bytes` exists next to :class:`~mgpu_helpers.memory.MemoryTracker`: FSDP2's
-parameters, gradients and optimizer states are ``DTensor`` wrappers. A wrapper's
-``untyped_storage()`` reports the *global* (unsharded) size, while the memory really held by a rank
-is the local shard (``DTensor.to_local()``), padded by FSDP so that every rank's shard has the same
-length. The tracker counts wrapper storages and therefore over-counts sharded state;
-:func:`local_state_bytes` counts the real local storages, each once.
+:func:`local_state_bytes` is a *measurement*, not an estimate: it adds up the storages that exist right
+now, each once, with no tracker running (e.g. inside each rank after a step). FSDP2's parameters,
+gradients and optimizer states are ``DTensor`` wrappers whose own ``untyped_storage()`` reports the
+*global* size; what a rank really holds is its local shard (``DTensor.to_local()``), padded by FSDP so
+that every rank's shard has the same length, and that is what is counted (as
+:class:`~mgpu_helpers.memory.MemoryTracker` does). Formulas live in one place only:
+:mod:`mgpu_helpers.memory.estimate` (``estimate_training_memory``, ``predict_memory``).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -80,15 +83,26 @@ FORMATS: dict[str, FloatFormat] = {
 _INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number such as 3.14, not {value!r}")
+    return float(value)
+
+
 def bit_string(value: float, dtype: torch.dtype) -> str:
     """The bits of ``value`` rounded to ``dtype``, as ``"sign exponent mantissa"``.
 
     >>> bit_string(1.0, torch.bfloat16)
     '0 01111111 0000000'
     """
+    _check_number("value", value)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"dtype must be a torch.dtype such as torch.bfloat16 (or FORMATS['bf16'].dtype), not {dtype!r}"
+        )
     fmt = next((f for f in FORMATS.values() if f.dtype == dtype), None)
     if fmt is None:
-        raise ValueError(f"dtype must be one of {[str(f.dtype) for f in FORMATS.values()]}, got {dtype}")
+        raise ValueError(f"dtype must be one of {[str(f.dtype) for f in FORMATS.values()]}, not {dtype}")
     raw = int(torch.tensor([value], dtype=torch.float32).to(dtype).view(_INT_VIEW[dtype]).item())
     bits = format(raw & ((1 << fmt.bits) - 1), f"0{fmt.bits}b")
     e = 1 + fmt.exponent_bits
@@ -106,7 +120,21 @@ def draw_number_formats(
     relative precision; ``marks`` (label -> positive value) adds dashed lines, e.g. a typical gradient.
     ``axes``: two matplotlib axes to draw on (default: a new figure). Returns the figure.
     """
+    _check_number("value", value)
+    if marks is not None and not isinstance(marks, Mapping):
+        raise TypeError(
+            f"marks must map a label to a positive value, e.g. {{'gradient': 1e-6}}, not {marks!r}"
+        )
+    for label, mark in (marks or {}).items():
+        if _check_number(f"marks[{label!r}]", mark) <= 0 or not math.isfinite(mark):
+            raise ValueError(f"marks must be positive finite values (log scale), got {label}={mark}")
     import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+
+    if axes is not None and (
+        not hasattr(axes, "__len__") or len(axes) != 2 or not all(isinstance(a, Axes) for a in axes)
+    ):
+        raise TypeError(f"axes must be two matplotlib axes (plt.subplots(1, 2)[1]) or None, not {axes!r}")
 
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(12, 2.8), gridspec_kw={"width_ratios": [1.5, 1]})
@@ -147,8 +175,6 @@ def draw_number_formats(
         right.barh(y, mid - lo, left=lo, color="#4C72B0", alpha=0.3, hatch="//")
         right.text(hi + 1, y, f"step ≈ {fmt.eps:.1e} × value", va="center", fontsize=8)
     for label, mark in (marks or {}).items():
-        if mark <= 0:
-            raise ValueError(f"marks must be positive values (log scale), got {label}={mark}")
         right.axvline(math.log10(mark), color="#C44E52", ls="--", lw=1)
         x, below_one = math.log10(mark), mark < 1
         right.text(
@@ -195,6 +221,13 @@ def local_state_bytes(
     ``DTensor`` (FSDP2) counts as its local shard's storage, padding included. Keyed like the tracker's
     categories (without ``other``). A snapshot, not a timeline: call it where you want to know.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (e.g. MLP()), not {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "optimizer must be a torch.optim.Optimizer such as torch.optim.Adam(model.parameters()) or None, "
+            f"not {type(optimizer).__name__}"
+        )
     params = list(model.parameters())
     state: list[Any] = []
     if optimizer is not None:
@@ -215,10 +248,22 @@ def compare_step_times(
     Calls run in rounds (``a, b, c, a, b, c, …``) so that a change in machine load hits every variant
     alike; the first ``warmup`` rounds are not timed. CUDA work is synchronised before each clock read.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    if not isinstance(steps, Mapping):
+        raise TypeError(
+            f"steps must map a name to a function, e.g. {{'fp32': step}}, not {type(steps).__name__}"
+        )
     if not steps:
-        raise ValueError("steps is empty: pass a name -> function mapping")
+        raise ValueError("steps is empty: pass a name -> function mapping, e.g. {'fp32': step}")
+    for name, fn in steps.items():
+        if not callable(fn):
+            raise TypeError(
+                f"steps[{name!r}] must be a function taking no arguments, not {type(fn).__name__}"
+            )
+    for name, value, minimum in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be a whole number >= {minimum}, not {value!r}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum} rounds, not {value}")
     sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     times: dict[str, list[float]] = {name: [] for name in steps}
     for round_ in range(warmup + repeats):
@@ -240,6 +285,8 @@ def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool | None:
     Without them PyTorch still runs bf16 on the CPU, but converts to fp32 and back around each
     operation, so bf16 autocast saves memory without being faster. Reads Linux's ``/proc/cpuinfo``.
     """
+    if not isinstance(cpuinfo_path, str | os.PathLike):
+        raise TypeError(f"cpuinfo_path must be a file path such as '/proc/cpuinfo', not {cpuinfo_path!r}")
     try:
         with open(cpuinfo_path, encoding="utf-8") as fh:
             text = fh.read()

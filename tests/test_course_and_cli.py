@@ -1,13 +1,24 @@
 """The course map, the README it feeds, CI's command, and `python -m mgpu_helpers`."""
 
+import importlib
+import json
 import pathlib
+import pkgutil
 import re
 import subprocess
 import sys
 
 import torch
 
-from mgpu_helpers.course import NOTEBOOKS, course_map_markdown, modes_here
+import mgpu_helpers
+from mgpu_helpers.course import (
+    MODULES,
+    NOTEBOOKS,
+    course_map_markdown,
+    modes_here,
+    module_table_markdown,
+    module_users,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -49,3 +60,51 @@ def test_importing_the_package_imports_neither_ray_nor_submodules():
     code = "import sys, mgpu_helpers; print('ray' in sys.modules, 'mgpu_helpers.memory' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def _code_of(notebook: str) -> str:
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def _helpers_used(code: str) -> set[str]:
+    """Top-level mgpu_helpers modules named in the code: imports, attribute paths, ``-m`` targets."""
+    used = set(re.findall(r"\bmgpu_helpers\.(\w+)", code))
+    for names in re.findall(r"from\s+mgpu_helpers\s+import\s+(\([^)]*\)|[^\n]+)", code):
+        used |= {n.split(" as ")[0].strip() for n in names.strip("()").split(",") if n.strip()}
+    return {name for name in used if not name.startswith("_")}  # mgpu_helpers.__version__ is no module
+
+
+def test_course_records_the_helper_modules_each_notebook_imports():
+    for nb in NOTEBOOKS:
+        assert set(nb.helpers) == _helpers_used(_code_of(nb.file)), (
+            f"mgpu_helpers.course: notebook {nb.number}'s helpers= differs from what its code imports"
+        )
+        assert set(nb.helpers) <= set(MODULES), f"notebook {nb.number} imports a module missing from MODULES"
+
+
+def test_every_module_is_in_the_readme_module_table():
+    on_disk = {m.name for m in pkgutil.iter_modules(mgpu_helpers.__path__) if not m.name.startswith("_")}
+    assert set(MODULES) == on_disk, f"course.MODULES vs files: {sorted(set(MODULES) ^ on_disk)}"
+    assert module_table_markdown() in (ROOT / "README.md").read_text(), (
+        "README's module table is stale: run python tools/update_readme.py"
+    )
+
+
+def _all_modules() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(mgpu_helpers.__path__, prefix="mgpu_helpers."):
+        names.append(info.name)
+    return names
+
+
+def test_every_module_docstring_opens_with_the_notebooks_that_use_it():
+    for name in _all_modules():
+        doc = importlib.import_module(name).__doc__ or ""
+        assert doc.startswith("Used by"), f"{name}: the docstring must open with 'Used by notebook …'"
+    for module in MODULES:
+        first_paragraph = (importlib.import_module(f"mgpu_helpers.{module}").__doc__ or "").split("\n\n")[0]
+        for number in module_users(module):
+            assert re.search(rf"\b{number}\b", first_paragraph), (
+                f"mgpu_helpers.{module} is imported by notebook {number}, but its docstring does not say so"
+            )

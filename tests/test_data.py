@@ -1,6 +1,7 @@
 """Tests of mgpu_helpers.data: shapes, dtypes, determinism and the rules each dataset holds."""
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -88,12 +89,6 @@ def test_train_val_split_is_deterministic_by_seed() -> None:
     assert train_val_split(ds, seed=0)[1].indices != train_val_split(ds, seed=1)[1].indices
 
 
-@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1])
-def test_train_val_split_rejects_bad_fractions(fraction: float) -> None:
-    with pytest.raises(ValueError):
-        train_val_split(make_classification(n_samples=10), val_fraction=fraction)
-
-
 @pytest.mark.parametrize("size", [16, 32])
 def test_make_images_shapes(size: int) -> None:
     x, y = make_images(n_samples=8, image_size=size, channels=3, n_classes=4).tensors
@@ -124,11 +119,6 @@ def test_make_sequences_pulse_lies_in_the_class_segment() -> None:
         assert segment.argmax().item() == c
 
 
-def test_make_sequences_rejects_too_many_classes() -> None:
-    with pytest.raises(ValueError):
-        make_sequences(seq_len=3, n_classes=4)
-
-
 def test_collate_seq_batch_second_puts_batch_on_dim_1() -> None:
     ds = make_sequences(n_samples=10, seq_len=12, n_features=8)
     loader = DataLoader(ds, batch_size=4, collate_fn=collate_seq_batch_second)
@@ -155,3 +145,75 @@ def test_make_tokens_targets_are_next_tokens_of_a_fixed_map() -> None:
         successors[tok].add(nxt)
     assert all(len(s) == 1 for s in successors.values())
     assert len({s.pop() for s in successors.values()}) == 50  # a permutation
+
+
+SMALL = make_classification(n_samples=10)
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs", "exc", "message"),
+    [
+        (RandomDataset, (0, 10), {}, ValueError, r"size \(values per item\) must be >= 1, not 0"),
+        (RandomDataset, (5, -1), {}, ValueError, r"length \(number of items\) must be >= 1"),
+        (RandomDataset, (5, "10"), {}, TypeError, r"length .* must be a whole number >= 1, not '10'"),
+        (RandomDataset, (5, 10), {"seed": -1}, ValueError, r"seed must be >= 0"),
+        (RandomDataset, (5, 10), {"seed": "0"}, TypeError, r"seed must be an int >= 0 such as 0"),
+        (make_classification, (), {"n_classes": 0}, ValueError, r"n_classes must be >= 1, not 0"),
+        (make_classification, (), {"n_samples": 0}, ValueError, r"n_samples must be >= 1, not 0"),
+        (make_classification, (), {"n_features": 0}, ValueError, r"n_features must be >= 1"),
+        (make_classification, (), {"n_features": 2.5}, TypeError, r"n_features must be a whole number"),
+        (
+            make_classification,
+            (),
+            {"noise": -1.0},
+            ValueError,
+            r"noise must be a finite standard deviation >= 0",
+        ),
+        (make_classification, (), {"noise": float("nan")}, ValueError, r"noise must be a finite"),
+        (make_classification, (), {"noise": "high"}, TypeError, r"noise must be a number"),
+        (make_images, (), {"n_samples": 0}, ValueError, r"n_samples must be >= 1"),
+        (make_images, (), {"image_size": 2}, ValueError, r"image_size .*period of 4.* must be >= 4, not 2"),
+        (make_images, (), {"channels": 0}, ValueError, r"channels must be >= 1"),
+        (make_images, (), {"n_classes": 0}, ValueError, r"n_classes must be >= 1"),
+        (make_sequences, (), {"seq_len": 3, "n_classes": 4}, ValueError, r"seq_len \(3\) must be at least"),
+        (make_sequences, (), {"n_features": 0}, ValueError, r"n_features must be >= 1"),
+        (make_sequences, (), {"seq_len": 0}, ValueError, r"seq_len must be >= 1"),
+        (make_tokens, (), {"vocab_size": 1}, ValueError, r"vocab_size must be >= 2"),
+        (make_tokens, (), {"seq_len": 0}, ValueError, r"seq_len must be >= 1"),
+        (make_tokens, (), {"n_samples": None}, TypeError, r"n_samples must be a whole number"),
+        (
+            train_val_split,
+            (SMALL,),
+            {"val_fraction": 0.0},
+            ValueError,
+            r"strictly between 0 and 1 such as 0.2",
+        ),
+        (train_val_split, (SMALL,), {"val_fraction": 1.0}, ValueError, r"strictly between 0 and 1"),
+        (train_val_split, (SMALL,), {"val_fraction": -0.1}, ValueError, r"strictly between 0 and 1"),
+        (train_val_split, (SMALL,), {"val_fraction": "0.2"}, TypeError, r"val_fraction must be a number"),
+        (train_val_split, (SMALL,), {"val_fraction": 0.01}, ValueError, r"leaves the validation set empty"),
+        (train_val_split, (SMALL,), {"val_fraction": 0.99}, ValueError, r"leaves the training set empty"),
+        (train_val_split, (42,), {}, TypeError, r"dataset must be a Dataset with a length, not int"),
+        (collate_seq_batch_second, ([],), {}, ValueError, r"non-empty list of \(sequence, label\) pairs"),
+        (collate_seq_batch_second, ([1, 2],), {}, TypeError, r"\(sequence, label\) pair"),
+    ],
+)
+def test_bad_inputs_are_refused_with_what_to_pass(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exc: type[Exception],
+    message: str,
+) -> None:
+    with pytest.raises(exc, match=message):
+        func(*args, **kwargs)
+
+
+def test_smallest_valid_sizes_work() -> None:
+    assert len(RandomDataset(1, 1)) == 1
+    assert make_classification(n_samples=1, n_features=1, n_classes=1, noise=0.0).tensors[0].shape == (1, 1)
+    assert make_images(n_samples=1, image_size=4, channels=1, n_classes=1).tensors[0].shape == (1, 1, 4, 4)
+    assert make_sequences(n_samples=1, seq_len=1, n_features=1, n_classes=1).tensors[0].shape == (1, 1, 1)
+    assert make_tokens(n_samples=1, seq_len=1, vocab_size=2).tensors[0].shape == (1, 1)
+    train, val = train_val_split(make_classification(n_samples=2), val_fraction=0.5)
+    assert (len(train), len(val)) == (1, 1)

@@ -19,11 +19,10 @@ def test_labels_say_how_a_number_was_obtained():
     assert "measured on" in str(measured(1.0, "s"))  # defaults to this machine's hardware label
 
 
-def test_labels_refuse_missing_provenance():
-    with pytest.raises(ValueError, match="needs a detail"):
-        estimated(1, "B", how="")
-    with pytest.raises(ValueError, match="kind must be"):
-        Labelled(1, "B", "guessed", "x")  # type: ignore[arg-type]
+def test_measured_defaults_to_this_machines_hardware_label():
+    from mgpu_helpers.hardware import hardware_label
+
+    assert measured(2, "s").detail == hardware_label()
 
 
 def test_check_pass_fail_and_unanswered(capsys):
@@ -52,4 +51,93 @@ def test_check_function(capsys):
     assert "expected 0.2" in capsys.readouterr().out
     assert not check_function("f", lambda m, p: 1 / 0, [((4, 2), 0.2)], hint="")
     assert "ZeroDivisionError" in capsys.readouterr().out
-    assert not check_function("f", None, [], hint="")
+    assert not check_function("f", None, [((4, 2), 0.2)], hint="")
+    assert "not answered yet" in capsys.readouterr().out
+
+
+def _f(m, p):
+    return m + p
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs", "exc", "message"),
+    [
+        (measured, ("x", "s"), {"on": "CPU"}, TypeError, r"value must be a number such as 3.1, not 'x'"),
+        (measured, (1.0, 5), {"on": "CPU"}, TypeError, r"unit must be a str such as 's'"),
+        (
+            measured,
+            (1.0, "s"),
+            {"on": ""},
+            ValueError,
+            r"measured number needs a detail: on= names the hardware",
+        ),
+        (measured, (True, "s"), {"on": "CPU"}, TypeError, r"value must be a number"),
+        (simulated, (1.0, "GiB"), {"what": ""}, ValueError, r"simulated number needs a detail: what= names"),
+        (simulated, (1.0, "GiB"), {"what": "   "}, ValueError, r"needs a detail"),
+        (
+            estimated,
+            (1, "B"),
+            {"how": ""},
+            ValueError,
+            r"estimated number needs a detail: how= names the formula",
+        ),
+        (estimated, (1, "B"), {"how": None}, ValueError, r"how= names the formula"),
+        (Labelled, (1, "B", "guessed", "x"), {}, ValueError, r"kind must be one of"),
+        (
+            check,
+            ("1", 3, 3),
+            {"hint": "h", "rel_tol": -1e-6},
+            ValueError,
+            r"rel_tol must be a finite tolerance >= 0",
+        ),
+        (check, ("1", 3, 3), {"hint": "h", "abs_tol": float("nan")}, ValueError, r"abs_tol must be a finite"),
+        (
+            check,
+            ("1", 3, 3),
+            {"hint": "h", "rel_tol": "1e-6"},
+            TypeError,
+            r"rel_tol must be a number such as 1e-6",
+        ),
+        (
+            check,
+            ("", 3, 3),
+            {"hint": "h"},
+            TypeError,
+            r"name must be the exercise's label as a non-empty str",
+        ),
+        (check, (1, 3, 3), {"hint": "h"}, TypeError, r"name must be the exercise's label"),
+        (check, ("1", 3, 3), {"hint": None}, TypeError, r"hint must be a str"),
+        (
+            check_function,
+            ("2", 42, [((1, 2), 3)]),
+            {"hint": ""},
+            TypeError,
+            r"func must be a function .* not int",
+        ),
+        (
+            check_function,
+            ("2", _f(1, 2), [((1, 2), 3)]),
+            {"hint": ""},
+            TypeError,
+            r"not the result of calling",
+        ),
+        (check_function, ("2", _f, []), {"hint": ""}, ValueError, r"cases must be a non-empty list"),
+        (
+            check_function,
+            ("2", _f, [(1, 3)]),
+            {"hint": ""},
+            TypeError,
+            r"cases\[0\] must be an \(args, expected\)",
+        ),
+        (
+            check_function,
+            ("2", _f, [((1, 2), 3)]),
+            {"hint": "", "rel_tol": -1},
+            ValueError,
+            r"rel_tol must be",
+        ),
+    ],
+)
+def test_bad_inputs_are_refused_with_what_to_pass(func, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        func(*args, **kwargs)

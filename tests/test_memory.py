@@ -1,11 +1,21 @@
-"""The memory tracker counts exact bytes per category on CPU, over many steps."""
+"""The memory tracker counts exact bytes per category on CPU, over many steps; the analytic estimate from a
+real model gives the same bytes; bad arguments are refused with a message that says what to pass."""
 
 import gc
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
 
-from mgpu_helpers.memory import CATEGORIES, MemoryTracker, estimate_training_memory, format_bytes
+from mgpu_helpers.memory import (
+    CATEGORIES,
+    MemoryTracker,
+    estimate_training_memory,
+    format_bytes,
+    virtual_device,
+)
 
 LINEAR_BYTES = 1000 * 1000 * 4 + 1000 * 4  # weight + bias, fp32 = 4,004,000 B
 
@@ -131,12 +141,76 @@ def test_estimate_matches_tracker_for_adam_and_sgd():
         2 * LINEAR_BYTES + 8,
     )
     assert est.total == 4 * LINEAR_BYTES + 8
+    assert est.activations is None and "other" not in est.as_dict()
+    assert est.n_params == 1000 * 1000 + 1000 and any("Adam" in note for note in est.notes)
     plain = torch.optim.SGD(model.parameters(), lr=0.1)
     assert estimate_training_memory(model, plain).optimizer == 0
     amsgrad = torch.optim.Adam(model.parameters(), amsgrad=True)
     assert estimate_training_memory(model, amsgrad).optimizer == 3 * LINEAR_BYTES + 8
-    with pytest.raises(ValueError, match="No memory rule"):
-        estimate_training_memory(model, torch.optim.LBFGS(model.parameters()))
+    assert estimate_training_memory(model).optimizer == 0
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(
+        v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.Adam(p),
+        lambda p: torch.optim.AdamW(p, amsgrad=True),
+        lambda p: torch.optim.NAdam(p),
+        lambda p: torch.optim.RAdam(p),
+        lambda p: torch.optim.Adamax(p),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.RMSprop(p),
+        lambda p: torch.optim.RMSprop(p, momentum=0.9, centered=True),
+        lambda p: torch.optim.Adagrad(p),
+        lambda p: torch.optim.Adadelta(p),
+        lambda p: torch.optim.Rprop(p),
+        lambda p: torch.optim.ASGD(p),
+    ],
+    ids=[
+        "Adam",
+        "AdamW-amsgrad",
+        "NAdam",
+        "RAdam",
+        "Adamax",
+        "SGD",
+        "SGD-momentum",
+        "RMSprop",
+        "RMSprop-momentum-centered",
+        "Adagrad",
+        "Adadelta",
+        "Rprop",
+        "ASGD",
+    ],
+)
+def test_every_optimizer_rule_equals_the_state_after_one_step(make):
+    """The rule for each optimizer gives the bytes its state really takes (frozen parameters get none)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    model[1].bias.requires_grad_(False)
+    opt = make(model.parameters())
+    est = estimate_training_memory(model, opt)
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    assert est.optimizer == _state_bytes(opt)
+    assert est.parameters == sum(p.numel() * 4 for p in model.parameters())
+    assert est.gradients == sum(p.grad.numel() * 4 for p in model.parameters() if p.grad is not None)
+
+
+def test_estimate_follows_the_dtype_and_works_on_meta():
+    model = torch.nn.Linear(100, 10).to(torch.bfloat16)
+    est = estimate_training_memory(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    assert (est.parameters, est.gradients, est.optimizer) == (2020, 2020, 2020)
+    with torch.device("meta"):  # shapes only: nothing allocated, the bytes are still known
+        big = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)])
+    need = estimate_training_memory(big, torch.optim.Adam(big.parameters()))
+    assert need.total == 16 * need.n_params + 8 * 4
 
 
 def test_matches_torch_mem_tracker_on_one_iteration():
@@ -161,6 +235,8 @@ def test_summary_and_format_bytes():
     tracker = MemoryTracker(model, opt)
     text = tracker.summary(estimate_training_memory(model, opt))
     assert "4,004,000 B" in text and "estimate" in text
+    other = next(line for line in text.splitlines() if line.startswith("activations & other"))
+    assert other.split()[-1] == "-"  # the formula has no activations
     assert format_bytes(4_004_000) == "3.82 MiB"
     assert format_bytes(512) == "512 B"
     assert set(tracker.current) == set(CATEGORIES)
@@ -174,12 +250,23 @@ def test_cuda_cross_check_refuses_without_cuda():
         MemoryTracker().cuda_cross_check(0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_cross_check_agrees_with_the_caching_allocator():
+    device = torch.device("cuda:0")
+    baseline = torch.cuda.memory_allocated(device)
+    tracker = MemoryTracker()
+    with tracker:
+        x = torch.ones(1000, device=device)  # 4,000 B: one 4,096 B block
+        y = x * 2 + 1  # the temporary x * 2 is freed; y stays
+    check = tracker.cuda_cross_check(device, baseline)
+    assert check == {"tracked_bytes": 2 * 4096, "cuda_allocated_bytes": 2 * 4096, "difference": 0}
+    del x, y
+    tracker.close()
+
+
 def test_virtual_devices_attribute_bytes_like_real_ones():
     """Threads inside virtual_device() count as separate devices; ops inherit their inputs' device."""
-    import threading
-
-    from mgpu_helpers.memory import virtual_device
-
     tracker = MemoryTracker()
     results = {}
 
@@ -219,7 +306,7 @@ def test_virtual_devices_attribute_bytes_like_real_ones():
 
 def test_dtensor_counts_its_local_shard():
     """FSDP2 parameters are DTensors: count the shard this rank holds, not the global size."""
-    from mgpu_helpers.launcher import launch
+    from mgpu_helpers.launching import launch
 
     def rank_bytes(rank, world_size):
         from torch.distributed.device_mesh import init_device_mesh
@@ -234,3 +321,76 @@ def test_dtensor_counts_its_local_shard():
         return tracker.current["parameters"]
 
     assert launch(rank_bytes, 2, threads_per_process=1) == [1600, 1600]
+
+
+def test_importing_memory_imports_neither_matplotlib_nor_ipywidgets():
+    code = (
+        "import sys, mgpu_helpers.memory as m; m.MemoryWidget, m.plot_memory_timeline; "
+        "print(sorted(k for k in ('matplotlib', 'ipywidgets') if k in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+_MODEL = torch.nn.Linear(2, 2)
+_OTHER = torch.nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "kwargs", "exc", "match"),
+    [
+        (MemoryTracker, ("model",), {}, TypeError, r"model must be a torch.nn.Module .* not str"),
+        (MemoryTracker, (_MODEL, "adam"), {}, TypeError, r"optimizer must be a torch.optim.Optimizer"),
+        (MemoryTracker().track, (None, _MODEL), {}, TypeError, r"optimizer must be .*, not Linear"),
+        (MemoryTracker().mark, (3,), {}, TypeError, r"mark needs a text label such as 'step 3'"),
+        (MemoryTracker().mark, ("",), {}, ValueError, r"non-empty label"),
+        (MemoryTracker().classify, ([1.0], "parameters"), {}, TypeError, r"classify needs a torch.Tensor"),
+        (MemoryTracker().classify, (torch.ones(1), "weights"), {}, ValueError, r"category must be one of"),
+        (MemoryTracker().device_of, ("x",), {}, TypeError, r"device_of needs a torch.Tensor"),
+        (MemoryTracker().live_bytes, (0,), {}, TypeError, r"device must be a name such as 'cuda:0'"),
+        (
+            MemoryTracker().live_bytes,
+            (),
+            {"cuda_rounding": 1},
+            TypeError,
+            r"cuda_rounding must be True or False",
+        ),
+        (MemoryTracker().cuda_cross_check, (1.5,), {}, TypeError, r"device must be a CUDA index"),
+        (MemoryTracker().cuda_cross_check, (0, "big"), {}, TypeError, r"baseline must be a byte count"),
+        (MemoryTracker().summary, ("estimate",), {}, TypeError, r"estimate must be a MemoryPrediction"),
+        (MemoryTracker().plot, (), {"unit": "MB"}, ValueError, r"unit must be one of"),
+        (format_bytes, ("x",), {}, TypeError, r"format_bytes needs a number of bytes such as 4_004_000"),
+        (format_bytes, (True,), {}, TypeError, r"format_bytes needs a number"),
+        (format_bytes, (float("nan"),), {}, ValueError, r"finite"),
+        (virtual_device, ("",), {}, ValueError, r"non-empty device name such as 'cuda:1'"),
+        (virtual_device, (1,), {}, TypeError, r"device name such as 'cuda:1', not 1"),
+        (estimate_training_memory, ("model",), {}, TypeError, r"model must be a torch.nn.Module"),
+        (
+            estimate_training_memory,
+            (_MODEL, "adam"),
+            {},
+            TypeError,
+            r"torch.optim.Adam\(model.parameters\(\)\)",
+        ),
+        (estimate_training_memory, (torch.nn.ReLU(),), {}, ValueError, r"has no parameters"),
+        (
+            estimate_training_memory,
+            (_MODEL, torch.optim.Adam(_OTHER.parameters())),
+            {},
+            ValueError,
+            r"not this model's: pass the optimizer built from model.parameters\(\)",
+        ),
+        (
+            estimate_training_memory,
+            (_MODEL, torch.optim.LBFGS(_MODEL.parameters())),
+            {},
+            ValueError,
+            r"No memory rule for optimizer LBFGS\. Known: Adam.*MemoryTracker",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_fix(call, args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""Stage processes: send/recv pipelines match the unsplit model; timelines, memory, cleanup on failure."""
+"""mgpu_helpers.pipeline stage processes: send/recv pipelines match the unsplit model; timelines, memory,
+cleanup on failure; bad arguments are refused with advice."""
 
 import time
 
@@ -12,11 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mgpu_helpers.launcher import LaunchError, launch
+from mgpu_helpers.launching import LaunchError, launch
 from mgpu_helpers.pipeline import (
     PipelineRun,
     PipelineSpec,
     StageRecorder,
+    Task,
     Timeline,
     draw_alexnet_split,
     make_batch,
@@ -26,8 +28,10 @@ from mgpu_helpers.pipeline import (
     plot_timeline,
     run_order,
     run_pipeline,
+    simulate,
+    stage_device,
+    stage_order,
 )
-from mgpu_helpers.schedules import Task, simulate, stage_order
 
 WIDTH, BATCH = 32, 16
 
@@ -70,8 +74,8 @@ def test_timeline_arithmetic():
     assert tl.busy(0) == 3.0 and tl.idle_fraction(0) == pytest.approx(0.4) and tl.idle_fraction(1) == 0.6
     assert tl.bubble_fraction == pytest.approx(0.5)
     assert tl.mean_duration("B") == 1.5 and tl.order(0) == [("F", 0), ("B", 0)]
-    with pytest.raises(ValueError, match="no 'X' tasks"):
-        tl.mean_duration("X")
+    with pytest.raises(ValueError, match="no 'F' tasks"):
+        Timeline([Task(0, "B", 0, 0.0, 1.0)]).mean_duration("F")
     assert tl.cpu_share(0) is None  # not recorded
     shared = Timeline([Task(0, "F", 0, 0.0, 1.0, cpu=0.5), Task(0, "B", 0, 1.0, 3.0, cpu=2.0)])
     assert shared.cpu_share(0) == pytest.approx(2.5 / 3.0)
@@ -85,8 +89,6 @@ def test_make_stages_is_deterministic_and_splits_one_model():
     assert not torch.equal(a[0][0].weight, make_stages(3, 16, 2, seed=6)[0][0].weight)
     x = torch.randn(5, 16)
     assert a[0](x).shape == (5, 16) and a[2](a[1](a[0](x))).shape == (5, 4)
-    with pytest.raises(ValueError, match="layers_per_stage"):
-        make_stages(2, 16, 0)
 
 
 @pytest.mark.parametrize("schedule, m", [("gpipe", 1), ("gpipe", 4), ("1f1b", 4)])
@@ -160,33 +162,36 @@ def test_three_stages_with_memory_tracking_hold_what_the_schedule_predicts():
     assert gpipe.peak_held_bytes[0] == 2 * ofob.peak_held_bytes[0]
 
 
-def test_run_pipeline_rejects_what_it_cannot_run():
-    with pytest.raises(ValueError, match="interleaved"):
-        run_pipeline(PipelineSpec(runs=[("interleaved", 4)]))
-    with pytest.raises(ValueError, match="m=1"):
-        run_pipeline(PipelineSpec(runs=[("naive", 4)]))
-    with pytest.raises(ValueError, match="divide the batch"):
-        run_pipeline(PipelineSpec(runs=[("gpipe", 3)], batch=16))
+def loss_that_fails_on_the_second_micro_batch(out, target):
+    """A loss function for the last stage that raises on its second call (module level: picklable)."""
+    loss_that_fails_on_the_second_micro_batch.calls += 1
+    if loss_that_fails_on_the_second_micro_batch.calls == 2:
+        raise FloatingPointError("loss exploded on the second micro-batch")
+    return F.mse_loss(out, target)
+
+
+loss_that_fails_on_the_second_micro_batch.calls = 0
 
 
 def stage_that_fails(rank, world_size):
-    """Rank 1 dies after its first forward, while rank 0 is waiting for a gradient."""
+    """Rank 1 dies in its second forward, while rank 0 waits for a gradient that never comes."""
     (module,) = make_stages(2, WIDTH, 1)[rank : rank + 1]
     x, y = make_batch(BATCH, WIDTH)
     order = stage_order("gpipe", rank, 2, 4)
-    if rank == 1:
-        order = order[:1] + [("F", 99, 0)]  # micro-batch 99 does not exist: IndexError
-    run_order(module, order, rank, world_size, list(x.chunk(4)), list(y.chunk(4)))
+    loss = loss_that_fails_on_the_second_micro_batch
+    run_order(module, order, rank, world_size, list(x.chunk(4)), list(y.chunk(4)), loss_fn=loss)
 
 
 def test_a_failing_stage_is_reported_and_every_process_is_gone():
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    start = time.monotonic()
+    # Rank 0 blocks in recv for a gradient; if launch waited for it instead of stopping it as soon as
+    # rank 1 failed, the generous 90 s job deadline (shorter than the collective timeout) would fire
+    # first and the message would say "timed out".
     with pytest.raises(LaunchError) as err:
-        launch(stage_that_fails, 2, collective_timeout_s=20)
-    assert time.monotonic() - start < 15  # rank 0, blocked in recv, does not wait out the timeout
+        launch(stage_that_fails, 2, collective_timeout_s=600, timeout_s=90)
     message = str(err.value)
-    assert message.startswith("rank 1 raised first") and "IndexError" in message and "run_order" in message
+    assert message.startswith("rank 1 raised first"), message
+    assert "FloatingPointError" in message and "run_order" in message
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
     assert all(p.status() == psutil.STATUS_ZOMBIE for p in left), left
 
@@ -201,7 +206,150 @@ def test_pictures():
     assert len(fig.axes) == 2 and fig.axes[0].get_xscale() == "log"
     ax = draw_alexnet_split()
     assert "AlexNet" in ax.get_title() and sum(t.get_text() == "C3" for t in ax.texts) == 2
-    untracked = PipelineRun("gpipe", 2, tl, [0.04], [1.0, 1.0], [2, 2], [None, None], [[], []])
-    with pytest.raises(ValueError, match="track_memory"):
-        plot_activation_traces([untracked])
+    plt.close("all")
+
+
+TOY = Timeline([Task(0, "F", 0, 0.0, 0.01), Task(1, "F", 0, 0.01, 0.02)], "toy")
+STAGE = make_stages(1, 8, 1)[0]
+XS, YS = list(torch.zeros(4, 8).chunk(2)), list(torch.zeros(4, 8).chunk(2))
+GOOD_ORDER = [("F", 0, 0), ("B", 0, 0)]
+
+
+def _run_order(**changes):
+    kwargs = {"module": STAGE, "order": GOOD_ORDER, "rank": 0, "world_size": 1, "xs": XS, "ys": YS}
+    kwargs.update(changes)
+    return run_order(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "fn, args, kwargs, exc, message",
+    [
+        (stage_device, (-1,), {}, ValueError, r"rank .* must be >= 0, not -1"),
+        (stage_device, ("0",), {}, TypeError, r"rank .* must be a whole number"),
+        (StageRecorder, (-1,), {}, ValueError, r"stage .* must be >= 0"),
+        (StageRecorder, (0,), {"device": 3}, TypeError, r"device must be a torch.device, a string"),
+        (StageRecorder, (0,), {"device": "gpu0"}, ValueError, r"device must name a device such as 'cpu'"),
+        (Timeline, ([],), {}, ValueError, r"at least one Task: record passes with StageRecorder"),
+        (Timeline, ("tasks",), {}, TypeError, r"tasks must be a list of Task"),
+        (Timeline, ([1.0],), {}, TypeError, r"Task objects only, found float"),
+        (Timeline.from_stages, (TOY.tasks,), {}, TypeError, r"one list per stage\), not a flat list"),
+        (TOY.mean_duration, ("X",), {}, ValueError, r"kind must be one of \['F', 'B'\], not 'X'"),
+        (TOY.order, (2,), {}, ValueError, r"stage must be in 0..1, not 2"),
+        (TOY.idle_fraction, (-1,), {}, ValueError, r"stage .* must be >= 0"),
+        (Timeline([Task(0, "F", 0, 0.0, 0.0)]).idle_fraction, (0,), {}, ValueError, r"zero length"),
+        (make_stages, (0,), {}, ValueError, r"p \(pipeline stages\) must be >= 1, not 0"),
+        (make_stages, (2, 0), {}, ValueError, r"width .* must be >= 1, not 0"),
+        (make_stages, (2, 16, 0), {}, ValueError, r"layers_per_stage .* must be >= 1"),
+        (make_stages, (2, "16"), {}, TypeError, r"width .* must be a whole number >= 1"),
+        (make_stages, (2,), {"out_features": 0}, ValueError, r"out_features .* must be >= 1"),
+        (make_batch, (0,), {}, ValueError, r"batch \(rows\) must be >= 1, not 0"),
+        (make_batch, (4,), {"width": 2.5}, TypeError, r"width .* must be a whole number"),
+        (_run_order, (), {"module": "model"}, TypeError, r"module must be this stage's nn.Module"),
+        (_run_order, (), {"module": torch.nn.ReLU()}, ValueError, r"module needs an nn.Linear"),
+        (_run_order, (), {"rank": 1}, ValueError, r"rank must be in 0..0 \(world_size=1\), not 1"),
+        (
+            _run_order,
+            (),
+            {"world_size": 2},
+            RuntimeError,
+            r"needs a process group: run the stages with launch",
+        ),
+        (_run_order, (), {"xs": []}, TypeError, r"xs must be a non-empty list of tensors"),
+        (_run_order, (), {"ys": YS[:1]}, ValueError, r"same number of micro-batches, got 2 and 1"),
+        (_run_order, (), {"order": "FB"}, TypeError, r"order must be a list of actions from stage_order"),
+        (_run_order, (), {"order": [("F", 0, 1)]}, ValueError, r"chunk must be 0 \(no 'interleaved'\)"),
+        (_run_order, (), {"order": [("F", 5, 0)]}, ValueError, r"micro-batch 5 .* is not in 0..1"),
+        (_run_order, (), {"order": [("B", 0, 0)]}, ValueError, r"backward before its forward"),
+        (_run_order, (), {"order": [("X", 0, 0)]}, ValueError, r"action kind must be 'F' or 'B'"),
+        (_run_order, (), {"recorder": "rec"}, TypeError, r"recorder must be a StageRecorder or None"),
+        (_run_order, (), {"tracker": 3}, TypeError, r"tracker must be a MemoryTracker"),
+        (_run_order, (), {"loss_fn": "mse"}, TypeError, r"loss_fn must be callable"),
+    ],
+)
+def test_stages_reject_bad_arguments_with_advice(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+def _spec(**changes):
+    return PipelineSpec(**{"runs": [("gpipe", 2)], **changes})
+
+
+@pytest.mark.parametrize(
+    "fn, args, kwargs, exc, message",
+    [
+        (_spec, (), {"runs": []}, ValueError, r"runs must be a non-empty list of \(schedule, m\)"),
+        (_spec, (), {"runs": "gpipe"}, ValueError, r"runs must be a non-empty list"),
+        (_spec, (), {"runs": [("gpipe",)]}, TypeError, r"each run must be a pair \(schedule, m\)"),
+        (
+            _spec,
+            (),
+            {"runs": [("gpipe", 0)]},
+            ValueError,
+            r"m \(micro-batches per step\) must be >= 1, not 0",
+        ),
+        (_spec, (), {"runs": [("interleaved", 4)]}, ValueError, r"one of \['naive', 'gpipe', '1f1b'\]"),
+        (_spec, (), {"runs": [("naive", 4)]}, ValueError, r"use m=1 \(or 'gpipe' with m micro-batches\)"),
+        (_spec, (), {"runs": [("gpipe", 3)], "batch": 16}, ValueError, r"m=3 must divide the batch of 16"),
+        (_spec, (), {"width": 0}, ValueError, r"width .* must be >= 1"),
+        (_spec, (), {"repeats": 0}, ValueError, r"repeats .* must be >= 1"),
+        (_spec, (), {"warmup": -1}, ValueError, r"warmup .* must be >= 0"),
+        (_spec, (), {"track_memory": "yes"}, TypeError, r"track_memory must be True or False"),
+        (run_pipeline, (_spec(),), {"stages": 0}, ValueError, r"stages .* must be >= 2, not 0"),
+        (run_pipeline, (_spec(),), {"stages": 1}, ValueError, r"for a single stage call run_order"),
+        (run_pipeline, (_spec(),), {"stages": "2"}, TypeError, r"stages .* must be a whole number >= 2"),
+        (run_pipeline, (_spec(),), {"timeout_s": -1}, ValueError, r"timeout_s .* must be a finite number > 0"),
+        (run_pipeline, ([("gpipe", 2)],), {}, TypeError, r"spec must be a PipelineSpec\(runs="),
+        (PipelineRun, ("interleaved", 2, TOY, [], [1.0], [], [], []), {}, ValueError, r"schedule must be"),
+        (PipelineRun, ("gpipe", 2, TOY.tasks, [], [1.0], [], [], []), {}, TypeError, r"timeline must be"),
+    ],
+)
+def test_runner_rejects_bad_arguments_with_advice(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+def test_run_pipeline_revalidates_a_spec_changed_after_it_was_made():
+    spec = _spec()
+    spec.runs = [("gpipe", 3)]  # 256 rows do not split into 3
+    with pytest.raises(ValueError, match="must divide the batch"):
+        run_pipeline(spec)
+
+
+UNTRACKED = PipelineRun("gpipe", 2, TOY, [0.02], [1.0, 1.0], [2, 2], [None, None], [[], []])
+
+
+@pytest.mark.parametrize(
+    "fn, args, kwargs, exc, message",
+    [
+        (plot_timeline, ("timeline",), {}, TypeError, r"timeline must be a Timeline or a list of Task"),
+        (plot_timeline, ([],), {}, ValueError, r"at least one Task"),
+        (plot_timeline, (TOY,), {"ax": 1}, TypeError, r"ax must be a matplotlib Axes"),
+        (plot_sweep, ([], [], [], 2), {}, TypeError, r"ms must be a non-empty list of micro-batch counts"),
+        (plot_sweep, ([1, 2], [1.0], [0.5, 0.3], 2), {}, ValueError, r"speedups must hold one value per m"),
+        (plot_sweep, ([0, 2], [1.0, 1.2], [0.5, 0.3], 2), {}, ValueError, r"each m in ms .* must be >= 1"),
+        (
+            plot_sweep,
+            ([1, 2], ["a", 1.2], [0.5, 0.3], 2),
+            {},
+            TypeError,
+            r"each of speedups must be a number",
+        ),
+        (
+            plot_sweep,
+            ([1, 2], [1.0, 1.2], [0.5, 0.3], 0),
+            {},
+            ValueError,
+            r"p \(pipeline stages\) must be >= 1",
+        ),
+        (plot_activation_traces, ([],), {}, TypeError, r"runs must be a non-empty list of PipelineRun"),
+        (plot_activation_traces, ([TOY],), {}, TypeError, r"PipelineRun objects .*, not Timeline"),
+        (plot_activation_traces, ([UNTRACKED],), {"unit": "GB"}, ValueError, r"unit must be one of"),
+        (plot_activation_traces, ([UNTRACKED],), {}, ValueError, r"PipelineSpec\(track_memory=True\)"),
+        (draw_alexnet_split, ("ax",), {}, TypeError, r"ax must be a matplotlib Axes"),
+    ],
+)
+def test_plots_reject_bad_arguments_with_advice(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
     plt.close("all")

@@ -3,10 +3,14 @@
 import math
 
 import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from mgpu_helpers.launcher import launch
+from mgpu_helpers.launching import launch
 from mgpu_helpers.memory import MemoryTracker
 from mgpu_helpers.precision import (
     FORMATS,
@@ -16,8 +20,6 @@ from mgpu_helpers.precision import (
     draw_number_formats,
     local_state_bytes,
 )
-
-matplotlib.use("Agg")
 
 
 def test_formats_agree_with_torch_finfo():
@@ -42,8 +44,6 @@ def test_bit_string():
         == bit_string(3.0, torch.float32).replace(" ", "")[:16]
     )
     assert bit_string(1e6, torch.float16) == "0 11111 0000000000"  # overflow: infinity
-    with pytest.raises(ValueError, match="dtype must be one of"):
-        bit_string(1.0, torch.float64)
 
 
 def test_draw_number_formats():
@@ -52,9 +52,7 @@ def test_draw_number_formats():
     texts = [t.get_text() for t in left.texts]
     assert "fp16 (16 bits)" in texts and "= 1.5" in texts
     assert any(t.get_text() == "tiny" for t in right.texts)
-    with pytest.raises(ValueError, match="positive"):
-        draw_number_formats(marks={"zero": 0.0})
-    matplotlib.pyplot.close("all")
+    plt.close("all")
 
 
 def _train_one_step(model, opt):
@@ -121,10 +119,6 @@ def test_compare_step_times_interleaves_and_takes_medians():
     assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
     slow = compare_step_times({"sleep": lambda: __import__("time").sleep(0.01)}, repeats=1, warmup=0)
     assert slow["sleep"] >= 0.009
-    with pytest.raises(ValueError):
-        compare_step_times({"a": lambda: None}, repeats=0)
-    with pytest.raises(ValueError, match="empty"):
-        compare_step_times({})
 
 
 @pytest.mark.parametrize(
@@ -151,3 +145,64 @@ def test_smallest_subnormal_is_below_smallest_normal():
     for fmt in FORMATS.values():
         assert fmt.smallest_subnormal < fmt.smallest_normal < 1 < fmt.max
         assert math.isclose(fmt.smallest_subnormal, fmt.smallest_normal * fmt.eps)
+
+
+_MODEL = torch.nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "kwargs", "exc", "match"),
+    [
+        (bit_string, (1.0, torch.float64), {}, ValueError, r"dtype must be one of \['torch.float32'"),
+        (bit_string, (1.0, torch.int32), {}, ValueError, r"dtype must be one of"),
+        (bit_string, (1.0, "bf16"), {}, TypeError, r"dtype must be a torch.dtype such as torch.bfloat16"),
+        (bit_string, ("1.0", torch.float32), {}, TypeError, r"value must be a real number such as 3.14"),
+        (
+            draw_number_formats,
+            (),
+            {"marks": {"zero": 0.0}},
+            ValueError,
+            r"marks must be positive finite values",
+        ),
+        (
+            draw_number_formats,
+            (),
+            {"marks": [1e-6]},
+            TypeError,
+            r"marks must map a label to a positive value",
+        ),
+        (draw_number_formats, (), {"axes": "ax"}, TypeError, r"axes must be two matplotlib axes"),
+        (draw_number_formats, ("pi",), {}, TypeError, r"value must be a real number"),
+        (local_state_bytes, ("model",), {}, TypeError, r"model must be a torch.nn.Module"),
+        (local_state_bytes, (_MODEL, "adam"), {}, TypeError, r"optimizer must be a torch.optim.Optimizer"),
+        (compare_step_times, ({"a": lambda: None},), {"repeats": 0}, ValueError, r"repeats must be >= 1"),
+        (
+            compare_step_times,
+            ({"a": lambda: None},),
+            {"repeats": 2.5},
+            TypeError,
+            r"repeats must be a whole number",
+        ),
+        (compare_step_times, ({"a": lambda: None},), {"warmup": -1}, ValueError, r"warmup must be >= 0"),
+        (compare_step_times, ({},), {}, ValueError, r"steps is empty: pass a name -> function mapping"),
+        (compare_step_times, ([lambda: None],), {}, TypeError, r"steps must map a name to a function"),
+        (
+            compare_step_times,
+            ({"a": 1},),
+            {},
+            TypeError,
+            r"steps\['a'\] must be a function taking no arguments",
+        ),
+        (
+            cpu_has_native_bf16,
+            (3,),
+            {},
+            TypeError,
+            r"cpuinfo_path must be a file path such as '/proc/cpuinfo'",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_fix(call, args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(*args, **kwargs)
+    plt.close("all")

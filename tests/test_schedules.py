@@ -1,4 +1,5 @@
-"""The schedule simulator against the textbook formulas, its orders, its drawing and its widget."""
+"""mgpu_helpers.pipeline: the schedule simulator against the textbook formulas, its orders, its drawing
+and its widget; bad arguments are refused with advice."""
 
 import itertools
 
@@ -9,14 +10,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from mgpu_helpers import schedules
-from mgpu_helpers.schedules import (
+from mgpu_helpers.pipeline import (
     ScheduleSimulator,
+    Task,
     bubble_relative_to_ideal,
     gpipe_bubble,
     pipeline_speedup,
     plot_gantt,
     plot_schedule,
+    schedules,
     simulate,
     stage_order,
 )
@@ -118,7 +120,7 @@ def test_stage_order_rejects_bad_arguments_with_advice():
         stage_order("gpipe", 2, 2, 2)
     with pytest.raises(ValueError, match="interleaved' only"):
         stage_order("gpipe", 0, 2, 2, v=2)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="forward .* must be a finite number > 0"):
         simulate("gpipe", 2, 2, forward=0.0)
 
 
@@ -185,8 +187,6 @@ def test_simulator_widget_follows_its_sliders_and_renders_headless():
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == sim.box.model_id
     assert bundle["image/png"] and "interleaved 1F1B p=4, m=12" in bundle["text/plain"]
     assert sim.image.value[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="schedule must be"):
-        ScheduleSimulator(schedule="pipedream")
     plt.close("all")
 
 
@@ -196,3 +196,112 @@ def test_simulator_uses_only_widgets_that_exist_in_ipywidgets_7():
     source = inspect.getsource(ScheduleSimulator)
     used = set(__import__("re").findall(r"\bw\.([A-Z]\w+)", source))
     assert used <= {"Dropdown", "IntSlider", "FloatSlider", "HTML", "Image", "VBox", "HBox", "Layout"}
+
+
+def test_importing_the_package_imports_neither_matplotlib_nor_ipywidgets():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mgpu_helpers.pipeline as p; p.simulate('1f1b', 2, 4); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'ipywidgets', 'IPython'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+TASKS = [Task(0, "F", 0, 0.0, 1.0), Task(1, "F", 0, 1.0, 2.0)]
+
+
+def _busy_of_missing_stage():
+    return simulate("gpipe", 4, 8).busy(4)
+
+
+@pytest.mark.parametrize(
+    "fn, args, kwargs, exc, message",
+    [
+        (simulate, ("gpipe",), {"p": 0, "m": 8}, ValueError, r"p \(pipeline stages\) must be >= 1, not 0"),
+        (simulate, ("gpipe", 4, 0), {}, ValueError, r"m \(micro-batches per step\) must be >= 1, not 0"),
+        (simulate, ("gpipe", "4", 8), {}, TypeError, r"p .* must be a whole number >= 1, not '4'"),
+        (simulate, ("gpipe", 4.0, 8), {}, TypeError, r"p .* must be a whole number"),
+        (simulate, ("gpipe", True, 8), {}, TypeError, r"p .* must be a whole number"),
+        (
+            simulate,
+            ("interleaved", 4, 8),
+            {"v": 0},
+            ValueError,
+            r"v \(model chunks per device\) must be >= 1",
+        ),
+        (simulate, ("1f1b", 4, 8), {"v": 2}, ValueError, r"applies to 'interleaved' only; '1f1b' needs v=1"),
+        (simulate, ("interleaved", 4, 6), {"v": 2}, ValueError, r"multiple of p.*Try m=8"),
+        (simulate, ("pipedream", 4, 8), {}, ValueError, r"one of \['gpipe', '1f1b', 'interleaved'\]"),
+        (simulate, (None, 4, 8), {}, ValueError, r"schedule must be one of"),
+        (simulate, ("gpipe", 4, 8), {"backward": -1}, ValueError, r"backward .* must be a finite number > 0, not -1"),
+        (simulate, ("gpipe", 4, 8), {"forward": "1"}, TypeError, r"forward .* must be a number"),
+        (simulate, ("gpipe", 4, 8), {"comm": -0.5}, ValueError, r"comm .* must be a finite number >= 0, not -0.5"),
+        (simulate, ("gpipe", 4, 8), {"comm": float("nan")}, ValueError, r"comm .* must be a finite number >= 0"),
+        (stage_order, ("gpipe", 4, 4, 8), {}, ValueError, r"stage must be in 0..3 \(p=4 stages\), not 4"),
+        (stage_order, ("gpipe", -1, 4, 8), {}, ValueError, r"stage .* must be >= 0, not -1"),
+        (stage_order, ("1f1b", 0, 0, 8), {}, ValueError, r"p \(pipeline stages\) must be >= 1"),
+        (gpipe_bubble, (0, 4), {}, ValueError, r"p \(pipeline stages\) must be >= 1, not 0"),
+        (gpipe_bubble, (4, 2.5), {}, TypeError, r"m .* must be a whole number >= 1"),
+        (
+            bubble_relative_to_ideal,
+            (4, 8),
+            {"v": 0},
+            ValueError,
+            r"v \(model chunks per device\) must be >= 1",
+        ),
+        (pipeline_speedup, (4, -1), {}, ValueError, r"m \(micro-batches per step\) must be >= 1, not -1"),
+        (pipeline_speedup, ("2", 8), {}, TypeError, r"p .* must be a whole number"),
+        (Task, (0, "X", 0, 0.0, 1.0), {}, ValueError, r"kind must be 'F' \(forward\) or 'B'"),
+        (Task, (0, "F", 0, 2.0, 1.0), {}, ValueError, r"must end after it starts"),
+        (Task, (-1, "F", 0, 0.0, 1.0), {}, ValueError, r"stage .* must be >= 0"),
+        (_busy_of_missing_stage, (), {}, ValueError, r"stage must be in 0..3, not 4"),
+    ],
+)
+def test_schedules_reject_bad_arguments_with_advice(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "fn, args, kwargs, exc, message",
+    [
+        (plot_gantt, ("not tasks",), {}, TypeError, r"tasks must be a list of Task \(e.g. simulate"),
+        (plot_gantt, ([],), {}, ValueError, r"no tasks to draw: pass a non-empty list of Task"),
+        (plot_gantt, ([1, 2],), {}, TypeError, r"Task objects only, found int"),
+        (plot_gantt, (TASKS,), {"ax": "axes"}, TypeError, r"ax must be a matplotlib Axes .* or None"),
+        (plot_gantt, (TASKS,), {"scale": 0}, ValueError, r"scale .* must be a finite number > 0"),
+        (plot_gantt, (TASKS,), {"stage_names": ["only one"]}, ValueError, r"at least 2 names"),
+        (plot_schedule, (TASKS,), {}, TypeError, r"ScheduleResult from simulate\(...\), not list"),
+    ],
+)
+def test_schedule_plots_reject_bad_arguments_with_advice(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, message",
+    [
+        (
+            {"schedule": "pipedream"},
+            ValueError,
+            r"schedule must be one of \['gpipe', '1f1b', 'interleaved'\]",
+        ),
+        ({"p": 0}, ValueError, r"p \(pipeline stages\) must be >= 1, not 0"),
+        ({"p": 9}, ValueError, r"p \(pipeline stages\) must be in 1..8 \(the slider's range\)"),
+        ({"m": 33}, ValueError, r"m \(micro-batches\) must be in 1..32"),
+        ({"m": "8"}, TypeError, r"m .* must be a whole number"),
+        ({"ratio": 0}, ValueError, r"ratio .* must be a finite number > 0"),
+        ({"ratio": 5.0}, ValueError, r"ratio .* must be in 0.5..4.0"),
+        ({"v": 5}, ValueError, r"v \(chunks per device\) must be in 1..4"),
+    ],
+)
+def test_simulator_widget_rejects_bad_defaults_with_advice(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        ScheduleSimulator(**kwargs)

@@ -1,4 +1,4 @@
-"""Memory panel, plots and diagrams: they render headless and show the tracker's numbers."""
+"""Memory panel and memory plots: they render headless, show the tracker's numbers, and refuse wrong types."""
 
 import matplotlib
 
@@ -7,15 +7,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from matplotlib.patches import FancyBboxPatch
 
-from mgpu_helpers.diagrams import draw_node_configurations, draw_rank_layout
-from mgpu_helpers.memory import MemoryTracker
-from mgpu_helpers.plotting import plot_device_bars, plot_memory_timeline
-from mgpu_helpers.widgets import MemoryWidget
+from mgpu_helpers.memory import MemoryTracker, MemoryWidget, plot_device_bars, plot_memory_timeline
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tracked():
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 10)
@@ -44,29 +40,101 @@ def test_widget_updates_from_the_loop_and_finishes_with_text(tracked, capsys):
     assert "test — tracked tensor memory" in printed
     assert "3.95 KiB" in printed  # parameters: (100*10 + 10) * 4 B = 4,040 B
     assert "process RSS" in printed
+    assert panel._repr_mimebundle_()["text/plain"] == panel.text_summary()
+    plt.close("all")
 
 
 def test_timeline_plot_stacks_four_categories(tracked):
     ax = plot_memory_timeline(tracked.timeline, tracked.marks)
     assert len(ax.collections) == 4
     assert [t.get_text() for t in ax.texts] == ["step 0", "step 1", "step 2"]
-    with pytest.raises(ValueError, match="unit"):
-        plot_memory_timeline(tracked.timeline, unit="MB")
+    top = ax.collections[-1].get_paths()[0].vertices[:, 1].max()  # the stack's upper edge: the total
+    assert top == pytest.approx(max(s.total for s in tracked.timeline) / 2**20)
+    plt.close("all")
 
 
 def test_device_bars_have_one_bar_per_device_and_category():
     ax = plot_device_bars(
-        {"cuda:0": {"parameters": 10, "other": 30}, "cuda:1": {"parameters": 10}}, note="simulated"
+        {"cuda:0": {"parameters": 10, "other": 30}, "cuda:1": {"parameters": 10}}, note="simulated", unit="B"
     )
     assert len(ax.patches) == 2 * 4
+    assert [round(p.get_y() + p.get_height()) for p in ax.patches[-2:]] == [40, 10]  # stacked totals
     assert any(t.get_text() == "simulated" for t in ax.texts)
+    plt.close("all")
 
 
-def test_diagrams():
-    fig = draw_node_configurations()
-    assert [ax.get_title() for ax in fig.axes][0] == "single node, single GPU"
-    ids = [{"rank": r, "node_rank": r // 2, "local_rank": r % 2, "device": "cpu"} for r in range(4)]
-    fig = draw_rank_layout(ids)
-    boxes = [p for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch)]
-    assert len(boxes) == 2 + 4  # two nodes, four processes
-    assert "world size 4" in fig.axes[0].get_title()
+@pytest.mark.parametrize(
+    ("call", "args", "kwargs", "exc", "match"),
+    [
+        (
+            MemoryWidget,
+            ("not a tracker",),
+            {},
+            TypeError,
+            r"MemoryWidget needs a MemoryTracker, e\.g\. MemoryWidget",
+        ),
+        (
+            MemoryWidget,
+            (MemoryTracker(),),
+            {"plot_every_s": -1},
+            ValueError,
+            r"plot_every_s must be >= 0 seconds",
+        ),
+        (
+            MemoryWidget,
+            (MemoryTracker(),),
+            {"plot_every_s": "1"},
+            TypeError,
+            r"plot_every_s must be a number",
+        ),
+        (MemoryWidget, (MemoryTracker(),), {"title": 3}, TypeError, r"title must be a string"),
+        (MemoryWidget(MemoryTracker()).update, ("1",), {}, TypeError, r"step must be a whole number"),
+        (
+            MemoryWidget(MemoryTracker()).update,
+            (),
+            {"loss": torch.tensor(0.5)},
+            TypeError,
+            r"metric loss must be a number \(e\.g\. loss\.item\(\)\)",
+        ),
+        (
+            plot_memory_timeline,
+            (MemoryTracker(),),
+            {},
+            TypeError,
+            r"pass tracker\.timeline and tracker\.marks",
+        ),
+        (plot_memory_timeline, ([],), {}, ValueError, r"timeline is empty"),
+        (plot_memory_timeline, ([1, 2],), {}, TypeError, r"timeline must hold MemorySample objects"),
+        (plot_memory_timeline, ("timeline",), {}, TypeError, r"timeline must be a list of MemorySample"),
+        (
+            plot_memory_timeline,
+            (MemoryTracker().timeline,),
+            {"unit": "MB"},
+            ValueError,
+            r"unit must be one of",
+        ),
+        (
+            plot_memory_timeline,
+            (MemoryTracker().timeline,),
+            {"ax": "ax"},
+            TypeError,
+            r"ax must be a matplotlib Axes",
+        ),
+        (plot_device_bars, ([("cuda:0", 1)],), {}, TypeError, r"per_device must map a device name to bytes"),
+        (plot_device_bars, ({},), {}, ValueError, r"per_device is empty"),
+        (plot_device_bars, ({"cuda:0": 5},), {}, TypeError, r"per_device\['cuda:0'\] must map categories"),
+        (
+            plot_device_bars,
+            ({"cuda:0": {"weights": 1}},),
+            {},
+            ValueError,
+            r"unknown categories \['weights'\]",
+        ),
+        (plot_device_bars, ({"cuda:0": {"other": -1}},), {}, ValueError, r"must be a byte count >= 0"),
+        (plot_device_bars, ({"cuda:0": {"other": 1}},), {"unit": "MB"}, ValueError, r"unit must be one of"),
+        (plot_device_bars, ({"cuda:0": {"other": 1}},), {"note": 3}, TypeError, r"note must be a string"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_fix(call, args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(*args, **kwargs)

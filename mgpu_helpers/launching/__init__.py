@@ -1,0 +1,38 @@
+"""Used by notebooks 01, 02, 04, 05 and 07: starting processes for a job from a notebook.
+
+* :func:`launch` (:mod:`~mgpu_helpers.launching.notebook`, notebooks 02, 04, 05) — run a function on N
+  processes and get each rank's return value back;
+* :func:`run_torchrun` (:mod:`~mgpu_helpers.launching.torchrun`, notebooks 01 and 07; 04 through
+  :func:`mgpu_helpers.ddp.run_c10d_job`) — real ``torchrun`` jobs, one or several simulated nodes;
+* ``python -m mgpu_helpers.launching.worker`` (:mod:`~mgpu_helpers.launching.worker`, notebook 01) —
+  the torchrun worker that reports each rank's identity;
+* :mod:`~mgpu_helpers.launching.agent`, :mod:`~mgpu_helpers.launching.loopback`,
+  :mod:`~mgpu_helpers.launching.failures` — the torchrun agent wrapper, loopback-only stores, and
+  failure reports.
+
+Every job listens on 127.0.0.1 only, and every process it starts is gone when the call returns, raises,
+is interrupted, or the kernel is killed.
+"""
+
+from .notebook import LaunchError, launch
+from .torchrun import (
+    RESULT_PREFIX,
+    NodeRun,
+    TorchrunError,
+    gpu_slices,
+    parse_results,
+    run_torchrun,
+    torchrun_command,
+)
+
+__all__ = [
+    "RESULT_PREFIX",
+    "LaunchError",
+    "NodeRun",
+    "TorchrunError",
+    "gpu_slices",
+    "launch",
+    "parse_results",
+    "run_torchrun",
+    "torchrun_command",
+]

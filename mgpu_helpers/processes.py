@@ -1,0 +1,183 @@
+"""Used by every notebook that starts processes (01, 02, 04, 05, 06, 07), through
+:mod:`mgpu_helpers.launching`, :mod:`mgpu_helpers.tuning` and :mod:`mgpu_helpers.troubleshoot`, and by
+the test suite's leftover-process check (``conftest.py``).
+
+Processes and ports on one machine: the single place that picks a free port, keeps traffic on
+loopback, stops a process tree, and ties a child's life to its parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+#: The only address local jobs (rendezvous stores, gloo, Ray) listen on.
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it).
+
+    Another process may take it before you bind it; callers that start a server on it should retry
+    with a new port if binding fails.
+    """
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"host must be an address string such as '127.0.0.1', not {host!r}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def loopback_interface() -> str | None:
+    """Name of the network interface holding 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS), if known."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(getattr(a, "address", None) == LOOPBACK for a in addrs):
+                return name
+    except Exception:  # psutil missing or unsupported platform: let gloo choose
+        return None
+    return None
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ``::1``, IPv4-mapped loopback (``::ffff:127.0.0.1``) and ``localhost``.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::"), is_loopback("localhost")
+    (True, False, True)
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a string such as '127.0.0.1', not {type(address).__name__}")
+    text = address.strip().strip("[]").split("%", 1)[0]
+    if text.lower() == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(
+            f"{address!r} is not an IP address; pass one such as '127.0.0.1' or '::1' (or 'localhost')"
+        ) from None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def descendants(root: int | None = None) -> list[Any]:
+    """Every live process below ``root`` (default: this process), as ``psutil.Process`` objects."""
+    import psutil
+
+    try:
+        procs = psutil.Process(root).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    alive = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+    return alive
+
+
+def listening_addresses(root: int | None = None) -> list[tuple[str, int, str]]:
+    """``(ip, port, process name)`` of every listening TCP socket of ``root`` and its descendants.
+
+    A job is loopback-only when ``all(is_loopback(ip) for ip, _, _ in listening_addresses(pid))``.
+    """
+    import psutil
+
+    found = []
+    try:
+        me = psutil.Process(root)
+    except psutil.NoSuchProcess:
+        return []
+    for p in [me, *descendants(root)]:
+        try:
+            conns = p.net_connections(kind="inet")
+            name = p.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found += [(c.laddr.ip, c.laddr.port, name) for c in conns if c.status == psutil.CONN_LISTEN]
+    return sorted(set(found))
+
+
+def stop_processes(procs: Iterable[Any], grace_s: float = 3.0) -> list[int]:
+    """Stop processes and everything they started: SIGTERM, wait ``grace_s``, then SIGKILL; reap them.
+
+    ``procs`` holds pids, ``psutil.Process``, ``subprocess.Popen`` or ``multiprocessing.Process``
+    objects. Descendants are collected *before* anything is signalled, so grandchildren whose parent
+    dies first are still found. Returns the pids that had to be killed. The one way this package
+    stops a process tree: notebook launches, torchrun jobs, Ray clusters and the tests all use it.
+    """
+    import psutil
+
+    if grace_s < 0:
+        raise ValueError(f"grace_s must be >= 0 seconds, not {grace_s}")
+    procs = list(procs)
+    targets: dict[int, Any] = {}
+    for item in procs:
+        pid = item if isinstance(item, int) else getattr(item, "pid", None)
+        if pid is None:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            tree = [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in tree:
+            targets.setdefault(p.pid, p)
+    alive = []
+    for p in targets.values():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p.terminate()
+            alive.append(p)
+    gone, still = psutil.wait_procs(alive, timeout=grace_s)
+    for p in still:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p.kill()
+    gone += psutil.wait_procs(still, timeout=max(grace_s, 1.0))[0]
+    # psutil reaped our direct children, so their Popen / multiprocessing objects can no longer learn
+    # the exit status themselves (Popen would report 0): hand it over.
+    codes = {p.pid: getattr(p, "returncode", None) for p in gone}
+    for item in procs:
+        code = codes.get(getattr(item, "pid", None))
+        if code is None:
+            continue
+        holder = getattr(item, "_popen", None) or item  # multiprocessing.Process keeps it in _popen
+        if getattr(holder, "returncode", 0) is None:
+            holder.returncode = code
+    return [p.pid for p in still]
+
+
+def _find_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once in the parent (a forked child should not load libraries)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # e.g. a libc without prctl
+        return None
+
+
+_PRCTL = _find_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:  # pragma: no cover - runs in a child
+    """Ask Linux to send ``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``).
+
+    Pass it as ``preexec_fn=die_with_parent`` to ``subprocess.Popen`` (or call it first thing in a
+    child) so that a killed or hard-restarted notebook kernel takes its children with it. A no-op on
+    other systems, where the parent's ``finally`` blocks are the only cleanup.
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig))

@@ -1,0 +1,264 @@
+"""Used by notebook 07 (troubleshooting), §2 and §3: the CPU fence for out-of-memory demos.
+
+Running out of memory in a notebook can take the whole kernel down (the Linux OOM killer, Colab's
+"your session crashed"). :func:`run_with_memory_limit` runs a function in a fresh child process whose
+address space is capped with ``resource.setrlimit(RLIMIT_AS)``: an allocation beyond the cap fails at
+once with PyTorch's ordinary CPU allocator error, the child recovers or dies, the kernel never notices.
+The child gets ``die_with_parent`` (a killed kernel takes it along) and is stopped with
+``stop_processes`` on a timeout, an error or an interrupt; its files live in a ``mgpu-oom-*`` temporary
+folder that is removed however the call ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..processes import die_with_parent, stop_processes
+
+__all__ = ["ChildResult", "run_with_memory_limit"]
+
+_MIB = 1024**2
+
+
+@dataclass
+class ChildResult:
+    """What :func:`run_with_memory_limit` brought back from its child process.
+
+    ``value`` is the function's return value, ``error`` the exception it raised (re-created in this
+    process, without its traceback; ``error_traceback`` holds the child's traceback as text).
+    ``baseline_bytes`` is the child's address space when the cap was set; the cap was
+    ``baseline_bytes + limit_bytes``. ``peak_rss_bytes`` is the child's peak resident memory.
+    ``exitcode`` is the child's exit status (negative: killed by that signal).
+    """
+
+    value: Any = None
+    error: BaseException | None = None
+    error_traceback: str = ""
+    limit_bytes: int = 0
+    baseline_bytes: int = 0
+    peak_rss_bytes: int = 0
+    seconds: float = 0.0
+    exitcode: int | None = None
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the function returned normally."""
+        return self.error is None and self.exitcode == 0
+
+
+# ------------------------------------------------------------------------------------- in the child
+def _address_space() -> int:
+    """This process's virtual address-space size in bytes (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cap_address_space(limit_bytes: int) -> int:
+    """Cap this process's address space at (now + ``limit_bytes``); return the baseline. Child only."""
+    import mmap
+    import resource
+
+    with contextlib.suppress(OSError, AttributeError):  # glibc's malloc, tuned so that address space
+        libc = ctypes.CDLL(None)  # tracks memory in use: one arena (a failed allocation would otherwise
+        libc.mallopt(-8, 1)  # reserve a fresh 64 MiB arena; M_ARENA_MAX) and every block >= 128 KiB
+        libc.mallopt(-3, 128 * 1024)  # mmap-ed, so that freeing it unmaps it (fixed M_MMAP_THRESHOLD)
+    # One tiny training step before the cap: thread pools, autograd's threads and lazily loaded
+    # libraries map their memory now, and do not count against the budget.
+    layer = torch.nn.Linear(8, 8)
+    torch.optim.Adam(layer.parameters()).step(layer(torch.ones(4, 8)).sum().backward())
+    del layer
+    baseline = _address_space()
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = baseline + int(limit_bytes)
+    if hard != resource.RLIM_INFINITY and cap > hard:
+        raise RuntimeError(f"the hard address-space limit ({hard} B) is below the requested cap ({cap} B)")
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:  # prove that the cap is enforced: mapping twice the budget must fail (and touches no memory)
+        probe = mmap.mmap(-1, 2 * int(limit_bytes) + _MIB)
+    except (OSError, MemoryError):
+        return baseline
+    probe.close()
+    raise RuntimeError(
+        "this operating system does not enforce RLIMIT_AS (macOS ignores it), so an OOM here would not "
+        "be contained; run the OOM demos on Linux or Colab"
+    )
+
+
+def _child_main() -> None:
+    """Entry point of the capped child: ``python -c "..._child_main()" PAYLOAD RESULT``."""
+    payload_path, result_path = sys.argv[1], sys.argv[2]
+    start = time.monotonic()
+    out: dict[str, Any] = {"baseline": 0, "error": None, "traceback": "", "value": None}
+    try:
+        with open(payload_path, "rb") as fh:
+            sys_path, blob, limit = pickle.load(fh)
+        for entry in reversed(sys_path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        fn, args, kwargs = pickle.loads(blob)
+        out["baseline"] = _cap_address_space(limit)
+        out["value"] = fn(*args, **kwargs)
+    except BaseException as exc:  # hand every failure back to the parent
+        out["traceback"] = traceback.format_exc()
+        out["error"] = exc
+    import resource
+
+    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    out["seconds"] = time.monotonic() - start
+    try:
+        data = pickle.dumps(out)
+    except Exception:  # an unpicklable value or exception: send its text
+        out["value"] = repr(out["value"])
+        if out["error"] is not None:
+            out["error"] = RuntimeError(f"{type(out['error']).__name__}: {out['error']}")
+        data = pickle.dumps(out)
+    with open(result_path, "wb") as fh:
+        fh.write(data)
+
+
+# ------------------------------------------------------------------------------------- in the parent
+def _check_importable(fn: Callable[..., Any]) -> None:
+    """Raise a ValueError that says what to do when a fresh child process could not load ``fn``."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    fix = "Define it at module level in a .py file and import it, as multiprocessing's spawn requires."
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise ValueError(
+            f"{name!r} cannot be sent to a child process ({type(exc).__name__}: {exc}). {fix}"
+        ) from exc
+    if getattr(fn, "__module__", None) == "__main__":
+        raise ValueError(
+            f"{name!r} is defined in __main__ (a notebook or a script): a child process would fail with "
+            f"\"Can't get attribute '{name}' on <module '__main__'>\". {fix}"
+        )
+
+
+def _check_arguments(fn: Any, limit_bytes: Any, timeout: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be a function to run in the child, not {type(fn).__name__}")
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int):
+        raise TypeError(
+            f"limit_bytes must be an int number of bytes (e.g. 128 * 1024**2), not {limit_bytes!r}"
+        )
+    if limit_bytes <= 0:
+        raise ValueError(f"limit_bytes must be > 0 bytes of extra memory for the child, not {limit_bytes}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a finite number of seconds > 0 (e.g. 120), not {timeout}")
+
+
+def _why_no_result(returncode: int | None, timed_out: bool, timeout: float) -> str:
+    if timed_out:
+        return f"timed out after {timeout:g} s and was stopped"
+    if returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-returncode).name}"
+    return f"died with exit code {returncode}"
+
+
+def _load_result(path: str) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # e.g. an exception class whose __init__ needs other arguments
+        return {
+            "value": None,
+            "error": RuntimeError(f"the child's result could not be unpickled here: {exc}"),
+            "traceback": "",
+            "baseline": 0,
+        }
+
+
+def run_with_memory_limit(
+    fn: Callable[..., Any], *args: Any, limit_bytes: int, timeout: float = 120.0, **kwargs: Any
+) -> ChildResult:
+    """Run ``fn(*args, **kwargs)`` in a fresh Python process allowed ``limit_bytes`` of extra memory.
+
+    The child imports torch, starts its thread pool, then caps its address space at its current size
+    plus ``limit_bytes`` (``RLIMIT_AS``; Linux only — elsewhere the child refuses to run rather than
+    risk a real OOM). Any allocation beyond the cap fails immediately inside the child with PyTorch's
+    CPU allocator error; this process is never at risk. Like ``multiprocessing``'s spawn, the child
+    finds ``fn`` by module and name, so ``fn`` must live in an importable module (not a notebook);
+    ``args`` and the return value must be picklable. The child is stopped after ``timeout`` seconds,
+    and also when this call is interrupted or fails.
+
+    Returns a :class:`ChildResult`; an exception inside ``fn`` does not raise here but comes back as
+    ``result.error`` (so that a notebook can look at it with :func:`~mgpu_helpers.troubleshoot.diagnose`),
+    and so does a child that timed out or died before reporting.
+    """
+    _check_arguments(fn, limit_bytes, timeout)
+    if sys.platform != "linux":
+        raise OSError("run_with_memory_limit needs Linux (RLIMIT_AS); on macOS or Windows use Colab or WSL.")
+    _check_importable(fn)
+    blob = pickle.dumps((fn, args, kwargs))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the child works on the host: CUDA would need terabytes of VA
+    env["MKL_DISABLE_FAST_MM"] = "1"  # MKL's own buffer cache would otherwise hold freed memory
+    code = "from mgpu_helpers.troubleshoot.capped_child import _child_main; _child_main()"
+    with tempfile.TemporaryDirectory(prefix="mgpu-oom-") as tmp:
+        payload, result = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "result.pkl")
+        with open(payload, "wb") as fh:
+            pickle.dump((list(sys.path), blob, limit_bytes), fh)
+        with open(os.path.join(tmp, "stderr.txt"), "w+b") as err:
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, payload, result],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in a terminal reaches only this process ...
+                preexec_fn=die_with_parent,  # ... and a killed parent takes the child along
+            )
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:  # timeout, KeyboardInterrupt or any other error here: no child survives this call
+                if proc.poll() is None:
+                    killed = stop_processes([proc], grace_s=1.0)
+                    # stop_processes reaps the child itself, so Popen never sees its status: record it.
+                    proc.returncode = -(signal.SIGKILL if proc.pid in killed else signal.SIGTERM)
+            seconds = time.monotonic() - start
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        if not os.path.exists(result) or os.path.getsize(result) == 0:
+            why = _why_no_result(proc.returncode, timed_out, timeout)
+            return ChildResult(
+                error=RuntimeError(f"the capped child process {why} before reporting.\n{stderr[-2000:]}"),
+                limit_bytes=limit_bytes,
+                seconds=seconds,
+                exitcode=proc.returncode,
+                stderr=stderr,
+            )
+        out = _load_result(result)
+    return ChildResult(
+        value=out["value"],
+        error=out["error"],
+        error_traceback=out["traceback"],
+        limit_bytes=limit_bytes,
+        baseline_bytes=int(out["baseline"]),
+        peak_rss_bytes=int(out.get("peak_rss", 0)),
+        seconds=seconds,
+        exitcode=proc.returncode,
+        stderr=stderr,
+    )

@@ -1,0 +1,156 @@
+"""Worker scripts and process-watching helpers shared by test_launcher, test_launch and test_ddp.
+
+Waits poll with a deadline (they only catch hangs); nothing here asserts on elapsed time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from mgpu_helpers.processes import is_loopback, listening_addresses
+
+HANG_DEADLINE_S = 60
+
+#: Node 1 (GROUP_RANK 1) fails at once; every other node sleeps, so it must be stopped.
+FAILING_NODE = """
+import os, time
+if os.environ["GROUP_RANK"] == "1":
+    raise ValueError("node one is broken on purpose")
+time.sleep(120)
+"""
+
+SLEEP = """
+import time
+time.sleep(120)
+"""
+
+#: Joins a gloo group, then rank 1 raises from inside a function.
+RAISE_AFTER_JOIN = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+
+def broken_step():
+    raise ValueError("rank one is broken after joining")
+
+if dist.get_rank() == 1:
+    broken_step()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+#: Joins a gloo group, then rank 1 is killed by SIGKILL.
+KILLED_AFTER_JOIN = """
+import os, signal, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(120)
+"""
+
+#: Joins a gloo group, marks itself ready in DIR (argv[1]), and waits until DIR/release exists.
+READY_THEN_WAIT = """
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+folder = sys.argv[1]
+open(os.path.join(folder, f"ready{dist.get_rank()}"), "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(folder, "release")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+def write_script(folder: Path, body: str, name: str = "worker.py") -> str:
+    """``body`` (dedented) saved as ``folder/name``; returns the path."""
+    path = Path(folder) / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = HANG_DEADLINE_S) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s`` (a hang)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"gave up after {timeout_s} s waiting for {what}")
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (an orphan that exited may wait for init to reap it)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if is_alive(p)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_parent_and_watch(
+    code: str, *args: str, min_descendants: int, sig: int, tmpdir: Path | None = None
+) -> str:
+    """Run ``code`` in a Python process standing in for a notebook kernel (temp files in ``tmpdir``);
+    once it has ``min_descendants`` live descendants, send it ``sig``; then require every one of those
+    descendants (pids taken *before* the signal) to be gone. Returns the parent's output, which goes to
+    a file: a pipe would stay open as long as any child that inherited it lives."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir else None
+    with tempfile.TemporaryFile() as log:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            tree = wait_until(
+                lambda: (d := live_descendants(parent.pid)) and len(d) >= min_descendants and d,
+                f"{min_descendants} processes under the parent",
+            )
+            os.kill(parent.pid, sig)
+            parent.wait(timeout=HANG_DEADLINE_S)
+            wait_until(lambda: not any(is_alive(p) for p in tree), "the parent's processes to exit")
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.wait()
+        log.seek(0)
+        return log.read().decode(errors="replace")
+
+
+def job_listening_addresses(ready: Callable[[], bool]) -> list[tuple[str, int, str]]:
+    """Listening sockets of every process this test process started, once ``ready()`` holds."""
+    wait_until(ready, "the job to be up")
+    found = []
+    for child in psutil.Process().children():
+        found += listening_addresses(child.pid)
+    return found
+
+
+def assert_loopback_only(addresses: list[tuple[str, int, str]], at_least: int) -> None:
+    assert len(addresses) >= at_least, f"expected >= {at_least} listening sockets, found {addresses}"
+    wide = [a for a in addresses if not is_loopback(a[0])]
+    assert not wide, f"listening beyond loopback: {wide}"
+
+
+def count_mgpu_entries(folder: Path) -> int:
+    return sum(1 for name in os.listdir(folder) if name.startswith("mgpu-"))

@@ -1,0 +1,148 @@
+"""processes: free ports, loopback checks, stopping process trees, children that die with their parent."""
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from mgpu_helpers.processes import (
+    LOOPBACK,
+    descendants,
+    free_port,
+    is_loopback,
+    listening_addresses,
+    stop_processes,
+)
+
+HANG_DEADLINE_S = 60  # only catches hangs; nothing here is a speed claim
+
+
+def _wait_until(predicate, what: str, deadline_s: float = HANG_DEADLINE_S):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_free_port_can_be_bound_on_loopback():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind((LOOPBACK, port))
+        assert s.getsockname() == (LOOPBACK, port)
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("fe80::1%eth0", False),
+    ],
+)
+def test_is_loopback(address, expected):
+    assert is_loopback(address) is expected
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "exc", "message"),
+    [
+        (is_loopback, (127,), TypeError, "string such as '127.0.0.1'"),
+        (is_loopback, ("my-laptop",), ValueError, "not an IP address"),
+        (free_port, (None,), TypeError, "address string"),
+        (stop_processes, ([], -1), ValueError, "grace_s must be >= 0"),
+    ],
+)
+def test_bad_inputs_say_what_to_pass(fn, args, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args)
+
+
+def test_listening_addresses_sees_a_socket_of_this_process():
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        s.listen()
+        port = s.getsockname()[1]
+        found = listening_addresses()
+    assert (LOOPBACK, port) in [(ip, p) for ip, p, _ in found]
+    assert all(is_loopback(ip) for ip, p, _ in found if p == port)
+
+
+_TREE = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    # a grandchild that ignores SIGTERM: only SIGKILL stops it
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    child.stdout.readline()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_stop_processes_stops_the_whole_tree_even_what_ignores_sigterm():
+    parent = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE)
+    assert parent.stdout.readline().strip() == b"ready"
+    tree = [parent.pid, *(p.pid for p in psutil.Process(parent.pid).children(recursive=True))]
+    assert len(tree) == 2
+    killed = stop_processes([parent], grace_s=0.5)
+    assert len(killed) == 1  # the grandchild needed SIGKILL
+    assert parent.poll() == -signal.SIGTERM  # the exit status survives psutil reaping the child
+
+    def gone() -> bool:
+        return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree)
+
+    _wait_until(gone, "the tree to be gone")
+    assert descendants() == []
+
+
+def test_stop_processes_keeps_the_exit_status_of_multiprocessing_children():
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    child.start()
+    assert stop_processes([child], grace_s=5) == []
+    assert child.exitcode == -signal.SIGTERM
+
+
+_ORPHANING_PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from mgpu_helpers.processes import die_with_parent
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    child = subprocess.Popen(sleeper, preexec_fn=die_with_parent)
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_child_started_with_die_with_parent_dies_when_the_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHANING_PARENT], stdout=subprocess.PIPE)
+    child_pid = int(parent.stdout.readline())
+    child = psutil.Process(child_pid)
+    parent.send_signal(signal.SIGKILL)  # a kernel killed hard: no finally block runs
+    parent.wait()
+    try:
+        child.wait(timeout=HANG_DEADLINE_S)
+    except psutil.TimeoutExpired:
+        child.kill()
+        raise AssertionError("the child outlived its killed parent") from None
+

@@ -1,0 +1,327 @@
+"""Troubleshooting helpers, the fences: capped child processes (CPU), cuda_memory_cap (GPU), memory readings,
+reproduce_oom — real out-of-memory errors, contained, and every abnormal end cleaned up."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import torch
+
+from mgpu_helpers.processes import stop_processes
+from mgpu_helpers.troubleshoot import (
+    TrainingStep,
+    cuda_memory_cap,
+    diagnose,
+    free_memory,
+    is_oom,
+    memory_snapshot,
+    process_rss,
+    reproduce_oom,
+    run_with_memory_limit,
+)
+
+MiB = 1024**2
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS caps need Linux")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _raised(fn) -> BaseException:
+    """The exception ``fn()`` raises (the test fails if it raises none)."""
+    with pytest.raises(BaseException) as info:
+        fn()
+    return info.value
+
+
+def _defined_in_a_function():
+    def nested(x):
+        return x
+
+    return nested
+
+
+def _poll(what, deadline_s: float = 60.0):
+    """``what()`` once it is truthy; polled until a deadline that only catches hangs."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not ready after {deadline_s} s")
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs", "exc", "message"),
+    [
+        (memory_snapshot, ("gpu0",), {}, ValueError, r"not a device; pass 'cpu'"),
+        (memory_snapshot, (3.5,), {}, TypeError, r"device such as 'cpu'"),
+        (memory_snapshot, ("cuda:99",), {}, ValueError, r"cuda:99.*(pass 'cpu'|pass cuda:0)"),
+        (free_memory, (-1,), {}, ValueError, r"index must be >= 0"),
+    ],
+)
+def test_memory_state_rejects_bad_input(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs", "exc", "message"),
+    [
+        (run_with_memory_limit, (torch.ones, 4), {"limit_bytes": 0}, ValueError, r"limit_bytes must be > 0"),
+        (run_with_memory_limit, (torch.ones, 4), {"limit_bytes": -MiB}, ValueError, r"> 0 bytes"),
+        (run_with_memory_limit, (torch.ones, 4), {"limit_bytes": "64MiB"}, TypeError, r"int number of bytes"),
+        (run_with_memory_limit, (torch.ones, 4), {"limit_bytes": MiB, "timeout": 0}, ValueError, r"> 0"),
+        (run_with_memory_limit, (abs, 1), {"limit_bytes": MiB, "timeout": -1}, ValueError, r"e\.g\. 120"),
+        (run_with_memory_limit, (abs, 1), {"limit_bytes": MiB, "timeout": math.inf}, ValueError, "finite"),
+        (run_with_memory_limit, (torch.ones,), {"limit_bytes": MiB, "timeout": "1"}, TypeError, "seconds"),
+        (run_with_memory_limit, (42,), {"limit_bytes": MiB}, TypeError, r"fn must be a function"),
+        (run_with_memory_limit, (lambda: 1,), {"limit_bytes": MiB}, ValueError, r"at module level"),
+    ],
+)
+def test_capped_child_rejects_bad_input(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs", "exc", "message"),
+    [
+        (cuda_memory_cap, (0,), {}, ValueError, r"limit_bytes must be > 0"),
+        (cuda_memory_cap, ("1 MiB",), {}, TypeError, r"int number of bytes"),
+        (cuda_memory_cap, (MiB,), {"device": "cpu"}, ValueError, r"run_with_memory_limit"),
+        (cuda_memory_cap, (MiB,), {"device": torch.device("meta")}, ValueError, r"caps a CUDA device"),
+        (
+            cuda_memory_cap,
+            (MiB,),
+            {"device": 99},
+            ValueError if torch.cuda.is_available() else RuntimeError,
+            r"cuda:99.*does not exist" if torch.cuda.is_available() else r"needs a CUDA GPU",
+        ),
+    ],
+)
+def test_cuda_memory_cap_rejects_bad_input(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs", "exc", "message"),
+    [
+        (is_oom, ("out of memory",), {}, TypeError, r"caught exception"),
+        (TrainingStep, (), {"vocab_size": 0}, ValueError, r"vocab_size must be >= 1"),
+        (TrainingStep, (), {"steps": "2"}, TypeError, r"steps must be a whole number"),
+        (TrainingStep, (), {"device": "gpu"}, ValueError, r"not a device"),
+        (TrainingStep, (), {"device": 0}, TypeError, r"string such as 'cpu'"),
+        (TrainingStep(), (0,), {}, ValueError, r"batch_size must be >= 1"),
+        (TrainingStep(), (2.5,), {}, TypeError, r"batch_size must be a whole number"),
+        (reproduce_oom, (64, 448), {}, ValueError, r"fits \(448\) must be smaller than too_big"),
+        (reproduce_oom, (0, 64), {}, ValueError, r"too_big must be >= 1"),
+        (reproduce_oom, (448, 64), {"step": "big"}, TypeError, r"step must be a TrainingStep"),
+        (reproduce_oom, (448, 64), {"device": "nonsense"}, ValueError, r"not a device; pass 'cpu'"),
+    ],
+)
+def test_oom_helpers_reject_bad_input(fn, args, kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        fn(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ readings
+def test_memory_snapshot_and_free_memory_read_this_process():
+    snap = free_memory()
+    assert snap["process_rss"] > 0 and "cuda_allocated" not in snap
+    big = torch.ones(64 * MiB // 4)  # 64 MiB, written, so resident
+    assert memory_snapshot("cpu")["process_rss"] - snap["process_rss"] > 32 * MiB
+    del big
+
+
+# ------------------------------------------------------------------------------------------ capped child
+@pytest.fixture(scope="module")
+def cpu_oom() -> BaseException:
+    """A real CPU allocator failure: 64 MiB requested in a child allowed 16 MiB."""
+    if sys.platform != "linux":
+        pytest.skip("RLIMIT_AS caps need Linux")
+    result = run_with_memory_limit(torch.ones, 16 * MiB, limit_bytes=16 * MiB, timeout=120)
+    assert not result.ok and result.exitcode == 0, "the child caught the failure and exited cleanly"
+    return result.error
+
+
+@linux_only
+def test_capped_child_contains_a_real_oom_and_the_parent_is_untouched(cpu_oom):
+    assert isinstance(cpu_oom, RuntimeError)
+    assert "DefaultCPUAllocator" in str(cpu_oom) and "67108864 bytes" in str(cpu_oom)
+    assert is_oom(cpu_oom)
+    # The same request is harmless here (no cap in this process): the limit was the child's alone.
+    assert torch.ones(16 * MiB).numel() == 16 * MiB
+
+
+@linux_only
+def test_diagnose_a_real_cpu_oom(cpu_oom):
+    d = diagnose(cpu_oom)
+    assert d.kind == "out_of_memory" and "DefaultCPUAllocator" in d.evidence
+    assert d.details["requested"] == "67,108,864 B (host RAM)"
+    assert any("batch size" in s for s in d.next_steps)
+    # ... also when it is the cause of another error, and as plain text (e.g. a worker's stderr)
+    try:
+        raise RuntimeError("training failed") from cpu_oom
+    except RuntimeError as wrapped:
+        assert diagnose(wrapped).kind == "out_of_memory"
+    text = f"Traceback (most recent call last):\n  ...\nRuntimeError: {cpu_oom}"
+    assert diagnose(text).kind == "out_of_memory"
+
+
+@linux_only
+def test_capped_child_returns_values_and_reports_its_budget():
+    rss_before = process_rss()
+    result = run_with_memory_limit(torch.arange, 5, limit_bytes=64 * MiB, timeout=120)
+    assert result.ok and torch.equal(result.value, torch.arange(5))
+    assert result.limit_bytes == 64 * MiB and result.baseline_bytes > 0 and result.peak_rss_bytes > 0
+    assert abs(process_rss() - rss_before) < 32 * MiB  # nothing of the child's memory lands here
+
+
+@linux_only
+def test_capped_child_refuses_functions_a_child_cannot_import():
+    for fn in (lambda x: x, _defined_in_a_function()):
+        err = _raised(lambda fn=fn: run_with_memory_limit(fn, 1, limit_bytes=MiB))
+        assert isinstance(err, ValueError) and "Can't pickle" in str(err) and "module level" in str(err)
+        assert diagnose(err).kind == "unpicklable_target"
+    main = sys.modules["__main__"]
+
+    def notebook_function():
+        pass
+
+    notebook_function.__module__, notebook_function.__qualname__ = "__main__", "notebook_function"
+    main.notebook_function = notebook_function  # as if typed into a notebook cell
+    try:
+        err = _raised(lambda: run_with_memory_limit(notebook_function, limit_bytes=MiB))
+    finally:
+        del main.notebook_function
+    assert "Can't get attribute 'notebook_function' on <module '__main__'>" in str(err)
+    assert diagnose(err).details["missing in the child"] == "notebook_function"
+
+
+# ------------------------------------------------------------------------------------------ abnormal ends
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Temporary folders of this test go to ``tmp_path`` (other processes may use the shared one)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@linux_only
+def test_a_child_that_times_out_is_stopped_and_leaves_no_folder(private_tmp):
+    result = run_with_memory_limit(time.sleep, 600, limit_bytes=64 * MiB, timeout=1)
+    assert not result.ok and "timed out after 1 s and was stopped" in str(result.error)
+    assert result.exitcode is not None and result.exitcode < 0  # ended by a signal, not by finishing
+    assert list(private_tmp.iterdir()) == []
+
+
+@linux_only
+def test_a_child_that_dies_is_reported_and_leaves_no_folder(private_tmp):
+    result = run_with_memory_limit(os._exit, 3, limit_bytes=64 * MiB, timeout=120)
+    assert not result.ok and result.exitcode == 3
+    assert "died with exit code 3 before reporting" in str(result.error)
+    assert list(private_tmp.iterdir()) == []
+
+
+@linux_only
+def test_an_interrupted_run_stops_its_child_and_removes_its_folder(private_tmp):
+    """Ctrl-C (KeyboardInterrupt) while the parent waits for the child."""
+    seen: dict[str, object] = {}
+
+    def waiting_for_the_child(frame) -> bool:
+        while frame is not None:
+            if frame.f_code.co_name == "wait" and frame.f_code.co_filename == subprocess.__file__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt(signum, frame):
+        if waiting_for_the_child(frame):
+            seen["children"] = [c for c in psutil.Process().children() if c.pid not in earlier]
+            seen["folders"] = [p.name for p in private_tmp.iterdir()]
+            raise KeyboardInterrupt
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # not waiting yet: look again shortly
+
+    earlier = {c.pid for c in psutil.Process().children()}  # e.g. an xdist worker's other children
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(KeyboardInterrupt):
+            run_with_memory_limit(time.sleep, 600, limit_bytes=64 * MiB, timeout=600)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(seen["children"]) == 1 and seen["folders"][0].startswith("mgpu-oom-")  # it was running
+    assert not seen["children"][0].is_running()
+    assert list(private_tmp.iterdir()) == []
+
+
+@linux_only
+def test_a_killed_parent_takes_its_capped_child_along(tmp_path):
+    kernel_code = (
+        "import time\nfrom mgpu_helpers.troubleshoot import run_with_memory_limit\n"
+        "run_with_memory_limit(time.sleep, 600, limit_bytes=64 * 1024**2, timeout=600)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    kernel = subprocess.Popen([sys.executable, "-c", kernel_code], env=env)
+    try:
+        child = _poll(lambda: psutil.Process(kernel.pid).children())[0]
+        kernel.kill()  # like a kernel killed by the OOM killer or "Restart": no finally block runs
+        kernel.wait()
+
+        def gone() -> bool:
+            try:
+                return child.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        assert _poll(gone)
+    finally:
+        stop_processes([kernel], grace_s=1.0)
+        if "child" in locals() and child.is_running():
+            stop_processes([child.pid], grace_s=1.0)
+
+
+# ------------------------------------------------------------------------------------------ reproduce_oom
+@linux_only
+def test_reproduce_oom_recovers_to_the_baseline_exactly():
+    result = run_with_memory_limit(reproduce_oom, 448, 64, limit_bytes=128 * MiB, timeout=180)
+    assert result.ok, result.error_traceback
+    out = result.value
+    assert out["error_type"] == "RuntimeError" and "can't allocate memory" in out["message"]
+    assert out["failed_at"] == "loss.backward()"  # forward fitted; the failure surfaced in backward
+    r = out["readings"]
+    assert r["baseline"]["tracked"] == 0
+    assert r["inside except"]["tracked"] > 50 * MiB  # the traceback still holds the failed step's tensors
+    assert r["after except"]["tracked"] == 0 and r["after free_memory"]["tracked"] == 0
+    assert r["after batch 64"]["tracked"] == 0 and math.isfinite(out["loss"])
+    # RSS (host RAM) back near the baseline: a leak of the failed step would be > 100 MiB.
+    assert abs(r["after free_memory"]["process_rss"] - r["baseline"]["process_rss"]) < 32 * MiB
+
+
+def test_cuda_memory_cap_explains_what_to_do_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="run_with_memory_limit"), cuda_memory_cap(MiB):
+        pass
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_reproduce_oom_under_a_cuda_cap_recovers_to_the_baseline():
+    with cuda_memory_cap(128 * MiB, "cuda:0") as fraction:
+        assert 0 < fraction < 1
+        out = reproduce_oom(448, 64, device="cuda:0")
+    assert out["error_type"] == "OutOfMemoryError" and "Tried to allocate" in out["message"]
+    r = out["readings"]
+    assert r["after free_memory"]["tracked"] == 0
+    assert r["after free_memory"]["cuda_allocated"] == r["baseline"]["cuda_allocated"]
+    assert torch.cuda.memory_allocated(0) == r["baseline"]["cuda_allocated"]
+    assert diagnose(out["message"]).kind == "out_of_memory"

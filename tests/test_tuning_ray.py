@@ -1,0 +1,302 @@
+"""Tests of Ray on loopback: one LocalRayCluster shared by this module (one start-up), Ray Tune's
+fault tolerance and restore on it, local_ray next to it, and nothing left behind.
+
+Every wait on Ray polls with a deadline (the cluster's own start-up waits until ``ray status`` lists
+its node; ``status()`` asks again until it has a report).
+"""
+
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mgpu_helpers import tuning
+from mgpu_helpers.processes import LOOPBACK, descendants, is_loopback, listening_addresses, stop_processes
+from mgpu_helpers.tuning import cluster as cluster_module
+
+CONFIG = {"l1": 32, "l2": 16, "lr": 0.03, "batch_size": 32}
+METRICS = {"epoch", "loss", "accuracy", "train_loss"}
+_SHARED: dict[str, int] = {}  # "head": pid of the shared cluster's `ray start --block`
+_INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _wait_until(condition, deadline_s=60.0, what="condition"):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {deadline_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _new_children(before):
+    head = _SHARED.get("head")
+    shared = {head, *(p.pid for p in descendants(head))} if head else set()
+    left = []
+    for p in descendants():
+        try:
+            if (
+                p.pid in before
+                or p.pid in shared
+                or any(h in " ".join(p.cmdline()) for h in _INTERPRETER_HELPERS)
+            ):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        left.append(p)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_children():
+    """The root conftest's check (a test leaves no process), except for the shared cluster's processes.
+
+    Ray's worker pool keeps idle workers below the head between tests; the ``cluster`` fixture's
+    finalizer requires that nothing of the head is left once it is stopped.
+    """
+    before = {p.pid for p in descendants()}
+    yield
+    deadline = time.monotonic() + 10
+    left = _new_children(before)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _new_children(before)
+    names = [f"{p.pid} {p.name()}" for p in left if p.is_running()]
+    stop_processes(left, grace_s=1.0)
+    assert not left, f"test left processes running: {names}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 2-CPU LocalRayCluster, started and connected once for the module; stopped also on failure."""
+    import ray
+
+    shared = tuning.LocalRayCluster(num_cpus=2, name="tests")
+    try:
+        shared.start()
+        _SHARED["head"] = shared.process.pid
+        shared.connect()
+        yield shared
+    finally:
+        _SHARED.pop("head", None)
+        shared.stop()
+        assert not ray.is_initialized()
+        _wait_until(lambda: not tuning.ray_processes(), 30, "no Ray process left after cluster.stop()")
+        assert not Path(shared.temp_dir).exists()
+
+
+def test_cluster_is_up_on_loopback_runs_tasks_and_reports_status(cluster):
+    import ray
+
+    command = cluster.start_command()
+    assert f"--node-ip-address={LOOPBACK}" in command and "--include-dashboard=false" in command
+    runtime = cluster.connect()  # connected already (the fixture did): the same runtime again
+    assert runtime.node_ip == LOOPBACK and runtime.address == cluster.address
+    assert ray.get_runtime_context().gcs_address == cluster.address
+    assert runtime.resources["CPU"] == 2 and len(runtime.pids) >= 3
+    listening = listening_addresses()
+    assert listening and all(is_loopback(ip) for ip, _, _ in listening), listening
+    assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+    status = cluster.status()
+    assert "Active:" in status and "/2.0 CPU" in status
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 1
+    assert "ray start --address=10.0.0.1:" in "\n".join(cluster.second_machine_commands("10.0.0.1"))
+    assert "running" in repr(cluster) and cluster.start() is cluster  # starting it again changes nothing
+
+
+def test_connect_closes_a_connection_to_another_cluster_first(cluster, monkeypatch):
+    import ray
+
+    closed = []
+    real_disconnect = cluster_module._disconnect
+    # Pretend the driver is connected elsewhere: connect() must close that connection, then join this one.
+    monkeypatch.setattr(cluster_module, "_connected_address", lambda: "127.0.0.1:1")
+    monkeypatch.setattr(cluster_module, "_disconnect", lambda: (closed.append(1), real_disconnect()))
+    runtime = cluster.connect()
+    assert closed == [1] and ray.is_initialized() and runtime.address == cluster.address
+    assert ray.get(ray.remote(lambda: "again").remote()) == "again"
+
+
+def test_tune_fault_tolerance_and_restore_on_the_cluster(cluster, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ray import tune
+
+    # Two trials that report every epoch and checkpoint. One crashes once before epoch 2 and is retried
+    # from its checkpoint (max_failures=1); the other crashes twice before epoch 3 and errors, which does
+    # not stop the experiment. Tuner.restore then resumes it from its checkpoint.
+    crash_dir = tmp_path / "crashes"
+    crash_dir.mkdir()
+    flaky = {**CONFIG, "max_epochs": 3, "checkpoint": True, "crash_dir": str(crash_dir)}
+    trainable = tune.with_resources(tuning.train_mlp, {"cpu": 1})
+    progress = tuning.epoch_progress(total=6)
+    with tuning.quiet_logs():
+        crashed = tune.Tuner(
+            trainable,
+            param_space={**flaky, "crash_at": tune.grid_search([[2], [3, 3]])},
+            run_config=tune.RunConfig(
+                name="faults",
+                storage_path=str(tmp_path),
+                verbose=0,
+                callbacks=[progress],
+                failure_config=tune.FailureConfig(max_failures=1),
+            ),
+        ).fit()
+    expected = tuning.train_locally(flaky, 3)
+    by_crash = {tuple(r.config["crash_at"]): r for r in crashed}
+    assert crashed.num_errors == 1 and len(crashed) == 2
+    recovered, errored = by_crash[(2,)], by_crash[(3, 3)]
+    df = recovered.metrics_dataframe
+    assert recovered.error is None and set(df.columns) >= METRICS
+    assert list(df["epoch"]) == [1, 2, 3] == list(df["training_iteration"])
+    assert list(df["accuracy"]) == [m["accuracy"] for m in expected]
+    assert list(df["loss"]) == [m["loss"] for m in expected]
+    assert isinstance(errored.error, Exception) and "SimulatedCrash" in repr(errored.error)
+    # The errored trial reported epochs 1 and 2 before crashing; whether its last report reached the
+    # driver before Ray recorded the error is a race inside Ray (no wait can settle it), so a prefix.
+    errored_epochs = list(errored.metrics_dataframe.get("epoch", []))
+    assert errored_epochs == [1, 2][: len(errored_epochs)]
+    assert sorted(p.name.split("-", 1)[1] for p in crash_dir.iterdir()) == [
+        "epoch2-0",
+        "epoch3-0",
+        "epoch3-1",
+    ]
+    table = tuning.results_table(crashed)
+    assert sorted(table["status"]) == ["ERROR", "OK"] and max(table["epochs"]) == 3
+    assert list(table.columns) == ["l1", "l2", "lr", "batch_size", "loss", "accuracy", "epochs", "status"]
+    assert 3 <= progress.epochs <= 5  # 3 + up to 2 reports of the errored trial (see above)
+    ax = tuning.plot_learning_curves(crashed, milestones=[1, 3], title="faults")
+    assert ax.get_title() == "faults" and len(ax.lines) == 2 + 2  # a curve per trial, a line per milestone
+    plt.close("all")
+
+    with tuning.quiet_logs():
+        restored = tune.Tuner.restore(crashed.experiment_path, trainable=trainable, resume_errored=True).fit()
+    assert restored.num_errors == 0
+    for r in restored:
+        assert list(r.metrics_dataframe["epoch"]) == [1, 2, 3]
+        assert list(r.metrics_dataframe["accuracy"]) == [m["accuracy"] for m in expected]
+
+
+def test_local_ray_replaces_the_connection_and_cleans_up_on_error(cluster):
+    import ray
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), tuning.local_ray(num_cpus=1) as runtime:
+        assert ray.get_runtime_context().gcs_address == runtime.address != cluster.address
+        assert runtime.node_ip == LOOPBACK and runtime.resources["CPU"] == 1 and len(runtime.pids) >= 3
+        listening = listening_addresses()
+        assert all(is_loopback(ip) for ip, _, _ in listening), listening
+        assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+        with pytest.raises(RuntimeError, match="cannot be nested"), tuning.local_ray(num_cpus=1):
+            pass
+        with pytest.raises(RuntimeError, match="local_ray block; leave it"):
+            cluster.connect()
+        raise Boom("an error inside the block must still shut Ray down")
+    assert not ray.is_initialized()
+    assert not Path(runtime.temp_dir).exists()
+    _wait_until(lambda: not any(psutil.pid_exists(p) for p in runtime.pids), 30, "local_ray's processes gone")
+    assert cluster.process.poll() is None, "the cluster keeps running while local_ray runs"
+    assert cluster.connect().address == cluster.address
+    assert ray.get(ray.remote(lambda: "back").remote()) == "back"
+
+
+def test_cluster_start_failure_is_reported_and_cleaned_up(monkeypatch):
+    from mgpu_helpers.tuning import _head
+
+    monkeypatch.setattr(
+        _head, "ray_cli", lambda: ["python", "-c", "print('no Ray here'); raise SystemExit(3)"]
+    )
+    failing = tuning.LocalRayCluster(num_cpus=1, name="failing")
+    with pytest.raises(RuntimeError, match=r"exited with code 3 \(attempt 1 of 3\).*\n.*no Ray here"):
+        failing.start()
+    assert failing.process is not None and failing.process.poll() == 3
+    assert not Path(failing.temp_dir).exists()
+    with pytest.raises(RuntimeError, match="was stopped: call start"):
+        failing.connect()
+
+
+def test_a_fixed_port_in_use_is_reported():
+    with socket.socket() as busy:
+        busy.bind((LOOPBACK, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        if port < 1024:
+            pytest.skip("the OS gave a privileged port")
+        with pytest.raises(RuntimeError, match=f"port {port} is in use on 127.0.0.1; pass port=None"):
+            tuning.LocalRayCluster(num_cpus=1, port=port, name="busy").start()
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs (no Ray start-up: the checks come first)
+# ------------------------------------------------------------------------------------------------
+
+
+def _enter(**kwargs):
+    with tuning.local_ray(**kwargs):
+        pass
+
+
+def _quiet(level):
+    with tuning.quiet_logs(level):
+        pass
+
+
+RAY_LOCAL_BAD_INPUTS = [
+    (_enter, (), {"num_cpus": -1}, ValueError, r"num_cpus must be >= 1 such as 2, not -1"),
+    (_enter, (), {"num_cpus": 0}, ValueError, r"num_cpus must be >= 1"),
+    (_enter, (), {"num_cpus": "2"}, TypeError, r"num_cpus must be a whole number"),
+    (_enter, (), {"num_gpus": -1}, ValueError, r"num_gpus must be >= 0"),
+    (_enter, (), {"attempts": 0}, ValueError, r"attempts must be >= 1"),
+    (_enter, (), {"quiet": "yes"}, TypeError, r"quiet must be True or False"),
+    (_enter, (), {"address": "auto"}, TypeError, r"local_ray sets \['address'\] itself"),
+    (_enter, (), {"include_dashboard": True}, TypeError, r"sets \['include_dashboard'\] itself"),
+    (_quiet, (-1,), {}, ValueError, r"level .* must be >= 0"),
+    (tuning.ray_processes, (0,), {}, ValueError, r"root \(a process id\) must be >= 1"),
+]
+
+_UNSTARTED = tuning.LocalRayCluster(num_cpus=1, name="unstarted")
+
+CLUSTER_BAD_INPUTS = [
+    (tuning.LocalRayCluster, (0,), {}, ValueError, r"num_cpus must be >= 1"),
+    (tuning.LocalRayCluster, (1.5,), {}, TypeError, r"num_cpus must be a whole number"),
+    (tuning.LocalRayCluster, (), {"num_gpus": -1}, ValueError, r"num_gpus must be >= 0"),
+    (tuning.LocalRayCluster, (), {"port": 80}, ValueError, r"port must be >= 1024 such as 6379, or None"),
+    (tuning.LocalRayCluster, (), {"port": 70000}, ValueError, r"port must be <= 65535"),
+    (tuning.LocalRayCluster, (), {"port": "6379"}, TypeError, r"port must be a whole number"),
+    (tuning.LocalRayCluster, (), {"name": ""}, TypeError, r"name must be a non-empty string"),
+    (tuning.LocalRayCluster, (), {"startup_timeout": 0}, ValueError, r"startup_timeout \(s\) must be .*> 0"),
+    (tuning.LocalRayCluster, (), {"attempts": 0}, ValueError, r"attempts must be >= 1"),
+    (_UNSTARTED.start, ("no",), {}, TypeError, r"wait must be True or False"),
+    (_UNSTARTED.connect, (), {}, RuntimeError, r"not started: call start\(\) first"),
+    (_UNSTARTED.connect, ("no",), {}, TypeError, r"quiet must be True or False"),
+    (_UNSTARTED.status, (), {}, RuntimeError, r"not started: call start\(\) first"),
+    (_UNSTARTED.status, (-1,), {}, ValueError, r"timeout \(seconds\) must be a finite number > 0"),
+    (_UNSTARTED.stop, (-1,), {}, ValueError, r"grace \(seconds\) must be a finite number >= 0"),
+    (_UNSTARTED.second_machine_commands, (5,), {}, TypeError, r"head_ip must be a non-empty string"),
+    (getattr, (_UNSTARTED, "address"), {}, RuntimeError, r"not started: call start\(\) first"),
+]
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs", "error", "message"),
+    RAY_LOCAL_BAD_INPUTS,
+    ids=[f"{f.__name__}-{i}" for i, (f, *_) in enumerate(RAY_LOCAL_BAD_INPUTS)],
+)
+def test_ray_local_rejects_bad_inputs(func, args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        func(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs", "error", "message"),
+    CLUSTER_BAD_INPUTS,
+    ids=[f"{f.__name__}-{i}" for i, (f, *_) in enumerate(CLUSTER_BAD_INPUTS)],
+)
+def test_cluster_rejects_bad_inputs(func, args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        func(*args, **kwargs)
