@@ -1,4 +1,4 @@
-"""Worker scripts and process-watching helpers shared by test_launcher, test_launch and test_ddp.
+"""Worker scripts and process-watching helpers shared by the tests that start processes.
 
 Waits poll with a deadline (they only catch hangs); nothing here asserts on elapsed time.
 """
@@ -154,3 +154,21 @@ def assert_loopback_only(addresses: list[tuple[str, int, str]], at_least: int) -
 
 def count_mgpu_entries(folder: Path) -> int:
     return sum(1 for name in os.listdir(folder) if name.startswith("mgpu-"))
+
+
+def raised(fn: Callable[[], Any]) -> BaseException:
+    """The exception ``fn()`` raises (fails if it raises none)."""
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - returning it is the point
+        return exc
+    raise AssertionError(f"{fn} raised nothing")
+
+
+def defined_in_a_function() -> Callable[[Any], Any]:
+    """A function that cannot be pickled by reference (it is local to another function)."""
+
+    def nested(x: Any) -> Any:
+        return x
+
+    return nested

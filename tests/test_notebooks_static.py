@@ -103,9 +103,15 @@ def test_tuning_notebook_installs_exactly_the_tune_extra():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tune"]
-    first = next(c for c in _load(ROOT / "notebooks" / "06_hyperparameter_tuning.ipynb")["cells"]
-                 if c["cell_type"] == "code")
-    pip_lines = [line.split("install -q", 1)[1].split() for line in _src(first).splitlines()
-                 if "%pip install" in line and "git+" not in line]
+    first = next(
+        c
+        for c in _load(ROOT / "notebooks" / "06_hyperparameter_tuning.ipynb")["cells"]
+        if c["cell_type"] == "code"
+    )
+    pip_lines = [
+        line.split("install -q", 1)[1].split()
+        for line in _src(first).splitlines()
+        if "%pip install" in line and "git+" not in line
+    ]
     assert len(pip_lines) == 1
     assert sorted(p.strip('"') for p in pip_lines[0]) == sorted(extra), "keep the cell and the extra in step"

@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from _scripts import HANG_DEADLINE_S, wait_until
 
 from mgpu_helpers.processes import (
     LOOPBACK,
@@ -18,18 +19,6 @@ from mgpu_helpers.processes import (
     listening_addresses,
     stop_processes,
 )
-
-HANG_DEADLINE_S = 60  # only catches hangs; nothing here is a speed claim
-
-
-def _wait_until(predicate, what: str, deadline_s: float = HANG_DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_free_port_can_be_bound_on_loopback():
@@ -108,7 +97,7 @@ def test_stop_processes_stops_the_whole_tree_even_what_ignores_sigterm():
     def gone() -> bool:
         return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree)
 
-    _wait_until(gone, "the tree to be gone")
+    wait_until(gone, "the tree to be gone")
     assert descendants() == []
 
 
@@ -145,4 +134,3 @@ def test_a_child_started_with_die_with_parent_dies_when_the_parent_is_killed():
     except psutil.TimeoutExpired:
         child.kill()
         raise AssertionError("the child outlived its killed parent") from None
-

@@ -8,26 +8,13 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from _scripts import defined_in_a_function, raised
 
 from mgpu_helpers.launching import run_torchrun
 from mgpu_helpers.memory import MemoryTracker
 from mgpu_helpers.models import MLP
 from mgpu_helpers.troubleshoot import KINDS, Diagnosis, diagnose, hang_worker, memory_growth
 from mgpu_helpers.troubleshoot.__main__ import main as troubleshoot_cli
-
-
-def _raised(fn) -> BaseException:
-    """The exception ``fn()`` raises (the test fails if it raises none)."""
-    with pytest.raises(BaseException) as info:
-        fn()
-    return info.value
-
-
-def _defined_in_a_function():
-    def nested(x):
-        return x
-
-    return nested
 
 
 # ------------------------------------------------------------------------------------------ bad inputs
@@ -145,9 +132,9 @@ def test_diagnose_cuda_oom_message():
 
 
 def test_diagnose_real_device_mismatch():
-    err = _raised(lambda: torch.ones(2) + torch.ones(2, device="meta"))
+    err = raised(lambda: torch.ones(2) + torch.ones(2, device="meta"))
     assert diagnose(err).kind == "device_mismatch"
-    err = _raised(lambda: torch.nn.Linear(2, 2)(torch.ones(1, 2, device="meta")))
+    err = raised(lambda: torch.nn.Linear(2, 2)(torch.ones(1, 2, device="meta")))
     assert diagnose(err).kind == "device_mismatch"
     # GPU wording (text): Conv2d with CPU input and CUDA weights
     gpu = "Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the same"
@@ -158,19 +145,19 @@ def test_diagnose_real_device_mismatch():
 
 def test_diagnose_real_dtype_mismatch():
     errors = [
-        _raised(lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64)),
-        _raised(lambda: torch.nn.Linear(2, 2)(torch.ones(1, 2, dtype=torch.float64))),
-        _raised(lambda: F.cross_entropy(torch.randn(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]))),
-        _raised(lambda: torch.nn.Conv2d(3, 4, 3)(torch.randn(1, 3, 8, 8).half())),
+        raised(lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64)),
+        raised(lambda: torch.nn.Linear(2, 2)(torch.ones(1, 2, dtype=torch.float64))),
+        raised(lambda: F.cross_entropy(torch.randn(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]))),
+        raised(lambda: torch.nn.Conv2d(3, 4, 3)(torch.randn(1, 3, 8, 8).half())),
     ]
     assert [diagnose(e).kind for e in errors] == ["dtype_mismatch"] * 4
 
 
 def test_diagnose_real_index_out_of_range_and_device_side_assert():
     errors = [
-        _raised(lambda: F.cross_entropy(torch.randn(4, 3), torch.tensor([0, 1, 2, 5]))),
-        _raised(lambda: torch.nn.Embedding(10, 3)(torch.tensor([10]))),
-        _raised(lambda: torch.randn(3)[torch.tensor([5])]),
+        raised(lambda: F.cross_entropy(torch.randn(4, 3), torch.tensor([0, 1, 2, 5]))),
+        raised(lambda: torch.nn.Embedding(10, 3)(torch.tensor([10]))),
+        raised(lambda: torch.randn(3)[torch.tensor([5])]),
     ]
     assert [diagnose(e).kind for e in errors] == ["index_out_of_range"] * 3
     assert "Target 5 is out of bounds" in diagnose(errors[0]).evidence
@@ -213,11 +200,11 @@ def test_diagnose_real_unpicklable_targets():
         blob = pickle.dumps(worker)
     finally:
         del main.notebook_worker
-    err = _raised(lambda: pickle.loads(blob))
+    err = raised(lambda: pickle.loads(blob))
     d = diagnose(err)
     assert d.kind == "unpicklable_target" and d.details["missing in the child"] == "notebook_worker"
-    assert diagnose(_raised(lambda: pickle.dumps(lambda x: x))).kind == "unpicklable_target"
-    assert diagnose(_raised(lambda: pickle.dumps(_defined_in_a_function()))).kind == "unpicklable_target"
+    assert diagnose(raised(lambda: pickle.dumps(lambda x: x))).kind == "unpicklable_target"
+    assert diagnose(raised(lambda: pickle.dumps(defined_in_a_function()))).kind == "unpicklable_target"
 
 
 def test_diagnose_a_real_spawn_child_that_cannot_find_its_target():
@@ -243,7 +230,7 @@ def test_diagnose_a_real_spawn_child_that_cannot_find_its_target():
 
 def test_diagnose_cuda_setup_problems():
     if not torch.cuda.is_available():
-        err = _raised(lambda: torch.ones(1).cuda())  # a real error on a CPU build of torch
+        err = raised(lambda: torch.ones(1).cuda())  # a real error on a CPU build of torch
         assert diagnose(err).kind == "cuda_setup"
     for text in (
         "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INIT",
@@ -264,5 +251,5 @@ def test_diagnose_unknown_and_formatting():
         "out_of_memory", "index_out_of_range", "device_mismatch", "dtype_mismatch",
         "distributed_timeout", "unpicklable_target", "cuda_setup", "unknown",
     }  # fmt: skip
-    text = str(diagnose(_raised(lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64))))
+    text = str(diagnose(raised(lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64))))
     assert text.startswith("[dtype_mismatch]") and "next steps:" in text and "1. " in text

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 import torch
+from _scripts import defined_in_a_function, raised, wait_until
 
 from mgpu_helpers.processes import stop_processes
 from mgpu_helpers.troubleshoot import (
@@ -29,31 +30,6 @@ from mgpu_helpers.troubleshoot import (
 MiB = 1024**2
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS caps need Linux")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _raised(fn) -> BaseException:
-    """The exception ``fn()`` raises (the test fails if it raises none)."""
-    with pytest.raises(BaseException) as info:
-        fn()
-    return info.value
-
-
-def _defined_in_a_function():
-    def nested(x):
-        return x
-
-    return nested
-
-
-def _poll(what, deadline_s: float = 60.0):
-    """``what()`` once it is truthy; polled until a deadline that only catches hangs."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not ready after {deadline_s} s")
 
 
 # ------------------------------------------------------------------------------------------ bad inputs
@@ -187,8 +163,8 @@ def test_capped_child_returns_values_and_reports_its_budget():
 
 @linux_only
 def test_capped_child_refuses_functions_a_child_cannot_import():
-    for fn in (lambda x: x, _defined_in_a_function()):
-        err = _raised(lambda fn=fn: run_with_memory_limit(fn, 1, limit_bytes=MiB))
+    for fn in (lambda x: x, defined_in_a_function()):
+        err = raised(lambda fn=fn: run_with_memory_limit(fn, 1, limit_bytes=MiB))
         assert isinstance(err, ValueError) and "Can't pickle" in str(err) and "module level" in str(err)
         assert diagnose(err).kind == "unpicklable_target"
     main = sys.modules["__main__"]
@@ -199,7 +175,7 @@ def test_capped_child_refuses_functions_a_child_cannot_import():
     notebook_function.__module__, notebook_function.__qualname__ = "__main__", "notebook_function"
     main.notebook_function = notebook_function  # as if typed into a notebook cell
     try:
-        err = _raised(lambda: run_with_memory_limit(notebook_function, limit_bytes=MiB))
+        err = raised(lambda: run_with_memory_limit(notebook_function, limit_bytes=MiB))
     finally:
         del main.notebook_function
     assert "Can't get attribute 'notebook_function' on <module '__main__'>" in str(err)
@@ -272,7 +248,7 @@ def test_a_killed_parent_takes_its_capped_child_along(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     kernel = subprocess.Popen([sys.executable, "-c", kernel_code], env=env)
     try:
-        child = _poll(lambda: psutil.Process(kernel.pid).children())[0]
+        child = wait_until(lambda: psutil.Process(kernel.pid).children(), "the capped child to start")[0]
         kernel.kill()  # like a kernel killed by the OOM killer or "Restart": no finally block runs
         kernel.wait()
 
@@ -282,7 +258,7 @@ def test_a_killed_parent_takes_its_capped_child_along(tmp_path):
             except psutil.NoSuchProcess:
                 return True
 
-        assert _poll(gone)
+        assert wait_until(gone, "the child to die with its parent")
     finally:
         stop_processes([kernel], grace_s=1.0)
         if "child" in locals() and child.is_running():
