@@ -285,3 +285,39 @@ def test_an_interrupt_stops_every_child_and_leaves_no_folder(tmp_path):
     output = signal_parent_and_watch(PARENT, min_descendants=2, sig=signal.SIGINT, tmpdir=tmp_path)
     assert "interrupted" in output, output
     assert count_mgpu_entries(tmp_path) == 0
+
+
+INTERRUPTED_WHILE_STARTING = """
+import signal, sys, time
+import psutil
+import torch.multiprocessing as mp
+from mgpu_helpers.launching import launch
+
+real_start = mp.start_processes
+
+def start_then_interrupted(*args, **kwargs):
+    real_start(*args, **kwargs)  # the children exist ...
+    raise KeyboardInterrupt  # ... but Ctrl-C lands before their context is returned
+
+mp.start_processes = start_then_interrupted
+
+def nap(rank, world_size):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(100)
+
+try:
+    launch(nap, 2, timeout_s=100)
+except KeyboardInterrupt:
+    live = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    print("interrupted; children left:", len(live), flush=True)
+"""
+
+
+def test_an_interrupt_during_start_up_still_stops_the_children():
+    # Without cleanup the children would live on, and Python would not even exit: it joins
+    # non-daemon multiprocessing children at exit (here: for 100 s).
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WHILE_STARTING], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interrupted; children left: 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]

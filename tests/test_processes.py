@@ -98,7 +98,7 @@ def test_stop_processes_stops_the_whole_tree_even_what_ignores_sigterm():
         return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree)
 
     wait_until(gone, "the tree to be gone")
-    assert descendants() == []
+    assert not {p.pid for p in descendants()} & set(tree)  # (the worker may have other children)
 
 
 def test_stop_processes_keeps_the_exit_status_of_multiprocessing_children():

@@ -41,6 +41,7 @@ any N. Failed ranks are not restarted: a notebook wants the traceback, not a ret
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -297,6 +298,7 @@ def launch(
     # The forkserver, not this process, is the parent of its children: it dies when we do.
     parent = None if method == "forkserver" else os.getpid()
     context = None
+    earlier = set(multiprocessing.active_children())
     result_dir = tempfile.mkdtemp(prefix="mgpu-launch-")
     try:
         worker_args = (
@@ -330,8 +332,11 @@ def launch(
             "in native code, or a call to os._exit / sys.exit in fn are the usual causes."
         ) from None
     finally:
-        if context is not None:
-            stop_processes(context.processes, grace_s=1.0)
+        # An interrupt can land inside start_processes, after some children exist but before it
+        # returns their context: find them as our new multiprocessing children. (Left running, they
+        # would also keep Python from exiting: it joins non-daemon children at exit.)
+        started = context.processes if context is not None else []
+        stop_processes([*started, *(set(multiprocessing.active_children()) - earlier)], grace_s=1.0)
         shutil.rmtree(result_dir, ignore_errors=True)
 
 
