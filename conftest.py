@@ -64,14 +64,3 @@ def pytest_sessionfinish(session, exitstatus):
         stop_processes(left, grace_s=1.0)
         session.exitstatus = 1
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
-def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n N --dist loadgroup`` (pytest-xdist), keep each test file on one worker (module
-    fixtures such as the shared Ray cluster start once) and run all notebooks one after another on one
-    worker: each notebook already uses both cores for its own multi-process jobs, and its measured
-    lessons should not compete with another notebook."""
-    for item in items:
-        path = item.path
-        group = "notebooks" if path.suffix == ".ipynb" else path.name
-        item.add_marker(pytest.mark.xdist_group(group))

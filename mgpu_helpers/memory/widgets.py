@@ -115,7 +115,8 @@ class MemoryWidget:
 
         self._render_table(None, {})
         self._render_plot()
-        print(self.text_summary())
+        self._final_summary = self.text_summary()  # what a saved notebook shows (the RSS moves on)
+        print(self._final_summary)
         self.tracker.plot(title=f"{self.title}: memory by category")
         plt.show()
 
@@ -190,7 +191,7 @@ class MemoryWidget:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """Plain-text fallback so that a saved notebook without widget state still says something."""
-        return {"text/plain": self.text_summary()}
+        return {"text/plain": getattr(self, "_final_summary", None) or self.text_summary()}
 
 
 def predictor_form(default_params_millions: float = 7000.0) -> Any:
