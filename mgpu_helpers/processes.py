@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
+import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -153,6 +157,42 @@ def stop_processes(procs: Iterable[Any], grace_s: float = 3.0) -> list[int]:
         if getattr(holder, "returncode", 0) is None:
             holder.returncode = code
     return [p.pid for p in still]
+
+
+def temp_prefix(kind: str) -> str:
+    """Prefix for a temp folder of this process: ``mgpu-<kind>-<pid>-`` (pass it to ``tempfile``).
+
+    A kernel that is killed runs no cleanup, so its folders stay behind; each call first removes the
+    ``mgpu-<kind>-<pid>-*`` folders whose process is gone. The one naming rule for the package's temp
+    folders (launch results, torchrun scratch, capped children, Ray sessions).
+    """
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z0-9]+", kind):
+        raise ValueError(f"kind must be a short lowercase word such as 'launch', not {kind!r}")
+    remove_orphaned_temp_dirs(kind)
+    return f"mgpu-{kind}-{os.getpid()}-"
+
+
+def remove_orphaned_temp_dirs(kind: str, folder: str | None = None) -> list[str]:
+    """Delete ``mgpu-<kind>-<pid>-*`` folders in ``folder`` (default: the temp dir) whose process is gone.
+
+    Returns the paths removed. Folders of live processes, and names without a pid, are left alone.
+    """
+    import psutil
+
+    folder = folder or tempfile.gettempdir()
+    pattern = re.compile(rf"mgpu-{re.escape(kind)}-(\d+)-")
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.match(name)
+        if match and not psutil.pid_exists(int(match.group(1))):
+            path = os.path.join(folder, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _find_prctl() -> Callable[..., int] | None:

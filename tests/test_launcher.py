@@ -23,7 +23,7 @@ from _scripts import (
 from mgpu_helpers.hardware import choose_backend
 from mgpu_helpers.launching import LaunchError, launch
 from mgpu_helpers.launching.loopback import loopback_tcp_store
-from mgpu_helpers.processes import free_port, listening_addresses
+from mgpu_helpers.processes import free_port, listening_addresses, remove_orphaned_temp_dirs
 
 
 def all_reduce_rank(rank: int, world_size: int, scale: float = 1.0):
@@ -277,8 +277,11 @@ except KeyboardInterrupt:
 
 def test_children_die_with_a_killed_parent(tmp_path):
     """A kernel killed with SIGKILL runs no cleanup: the children must go by themselves (PDEATHSIG).
-    (Its empty result folder stays: nothing is left to remove it. Here it goes to tmp_path.)"""
+    Its result folder stays until the next launch on the machine removes it (its pid is gone)."""
     signal_parent_and_watch(PARENT, min_descendants=2, sig=signal.SIGKILL, tmpdir=tmp_path)
+    assert count_mgpu_entries(tmp_path) == 1
+    remove_orphaned_temp_dirs("launch", str(tmp_path))  # what the next launch() does first
+    assert count_mgpu_entries(tmp_path) == 0
 
 
 def test_an_interrupt_stops_every_child_and_leaves_no_folder(tmp_path):

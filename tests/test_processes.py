@@ -1,9 +1,11 @@
 """processes: free ports, loopback checks, stopping process trees, children that die with their parent."""
 
+import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -17,7 +19,9 @@ from mgpu_helpers.processes import (
     free_port,
     is_loopback,
     listening_addresses,
+    remove_orphaned_temp_dirs,
     stop_processes,
+    temp_prefix,
 )
 
 
@@ -134,3 +138,21 @@ def test_a_child_started_with_die_with_parent_dies_when_the_parent_is_killed():
     except psutil.TimeoutExpired:
         child.kill()
         raise AssertionError("the child outlived its killed parent") from None
+
+
+def test_temp_prefix_names_by_pid_and_removes_folders_of_dead_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"mgpu-launch-{dead.pid}-abc"  # left by a kernel that was killed
+    orphan.mkdir()
+    (orphan / "rank0.pkl").write_bytes(b"x")
+    live = tmp_path / f"mgpu-launch-{os.getpid()}-def"
+    live.mkdir()
+    other_kind = tmp_path / f"mgpu-oom-{dead.pid}-ghi"
+    other_kind.mkdir()
+    assert temp_prefix("launch") == f"mgpu-launch-{os.getpid()}-"
+    assert not orphan.exists() and live.exists() and other_kind.exists()
+    assert remove_orphaned_temp_dirs("oom") == [str(other_kind)]
+    with pytest.raises(ValueError, match="short lowercase word"):
+        temp_prefix("../etc")

@@ -29,12 +29,11 @@ import subprocess
 import sys
 import tempfile
 
+from ..processes import die_with_parent, temp_prefix
 from .loopback import bind_stores_to_loopback
 from .torchrun import PARENT_PID_ENV, SCRATCH_ENV
 
 __all__ = ["main"]
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _exit_if_orphaned() -> None:
@@ -52,15 +51,12 @@ def _workers_die_with_agent() -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
     agent = os.getpid()
 
     def die_with_agent() -> None:  # runs in the worker, between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        die_with_parent(signal.SIGKILL)  # prctl was looked up when processes was imported
         if os.getppid() != agent:  # the agent died before the line above
             os._exit(1)
 
@@ -81,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     # or one of ours, removed when the agent ends. (No SIGTERM handler of ours: during rendezvous the
     # agent waits in C++, where a Python handler would only run when the wait ends; SIGTERM's default
     # action ends it at once.)
-    scratch = os.environ.pop(SCRATCH_ENV, None) or tempfile.mkdtemp(prefix="mgpu-agent-")
+    scratch = os.environ.pop(SCRATCH_ENV, None) or tempfile.mkdtemp(prefix=temp_prefix("agent"))
     tempfile.tempdir = scratch  # this process only; the workers' environment is unchanged
     try:
         torchrun_main(argv)

@@ -55,7 +55,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..hardware import BACKENDS, choose_backend
-from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes
+from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes, temp_prefix
 from .loopback import bind_stores_to_loopback, loopback_env, loopback_tcp_store
 
 __all__ = ["LaunchError", "launch"]
@@ -299,7 +299,7 @@ def launch(
     parent = None if method == "forkserver" else os.getpid()
     context = None
     earlier = set(multiprocessing.active_children())
-    result_dir = tempfile.mkdtemp(prefix="mgpu-launch-")
+    result_dir = tempfile.mkdtemp(prefix=temp_prefix("launch"))
     try:
         worker_args = (
             fn, tuple(args), nprocs, free_port(), backend, init_process_group, collective_timeout_s,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..processes import LOOPBACK, die_with_parent, free_port, is_loopback, stop_processes
+from ..processes import LOOPBACK, die_with_parent, free_port, is_loopback, stop_processes, temp_prefix
 from .failures import WorkerFailure, describe_failure, is_consequence, parse_failures
 from .loopback import loopback_env
 
@@ -284,7 +284,7 @@ def run_torchrun(
         try:
             for cmd, (out, err), gpus in zip(commands, logs, node_gpus, strict=True):
                 # torchrun's log folder goes in here (see agent.py), removed even if the agent was killed
-                scratch = files.enter_context(tempfile.TemporaryDirectory(prefix="mgpu-torchrun-"))
+                scratch = files.enter_context(tempfile.TemporaryDirectory(prefix=temp_prefix("torchrun")))
                 node_env = {**run_env, SCRATCH_ENV: scratch}
                 if gpus is not None:
                     node_env["CUDA_VISIBLE_DEVICES"] = gpus

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..processes import die_with_parent, stop_processes
+from ..processes import die_with_parent, stop_processes, temp_prefix
 
 __all__ = ["ChildResult", "run_with_memory_limit"]
 
@@ -214,7 +214,7 @@ def run_with_memory_limit(
     env["CUDA_VISIBLE_DEVICES"] = ""  # the child works on the host: CUDA would need terabytes of VA
     env["MKL_DISABLE_FAST_MM"] = "1"  # MKL's own buffer cache would otherwise hold freed memory
     code = "from mgpu_helpers.troubleshoot.capped_child import _child_main; _child_main()"
-    with tempfile.TemporaryDirectory(prefix="mgpu-oom-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=temp_prefix("oom")) as tmp:
         payload, result = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "result.pkl")
         with open(payload, "wb") as fh:
             pickle.dump((list(sys.path), blob, limit_bytes), fh)

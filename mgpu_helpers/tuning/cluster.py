@@ -23,7 +23,7 @@ import weakref
 from pathlib import Path
 
 from .._checks import real, text, whole
-from ..processes import LOOPBACK, die_with_parent, free_port
+from ..processes import LOOPBACK, die_with_parent, free_port, temp_prefix
 from . import _head
 from ._optional import require, require_installed
 from .ray_local import (
@@ -158,7 +158,8 @@ class LocalRayCluster:
             previous.stop()
         if self._port is not None and not _head.port_is_free(self._port):
             raise RuntimeError(f"port {self._port} is in use on {LOOPBACK}; pass port=None for a free one")
-        head = _head.Head(self.name, settings, temp_dir=tempfile.mkdtemp(prefix="mgpu-rayc-"), attempt=1)
+        temp_dir = tempfile.mkdtemp(prefix=temp_prefix("rayc"))
+        head = _head.Head(self.name, settings, temp_dir=temp_dir, attempt=1)
         _head.RUNNING[self.name] = head
         self._attach(head)
         self._launch()

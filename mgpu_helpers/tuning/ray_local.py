@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._checks import whole
-from ..processes import LOOPBACK, descendants, stop_processes
+from ..processes import LOOPBACK, descendants, stop_processes, temp_prefix
 from ._optional import require
 
 #: Ray gives its raylet a fixed 30 s to register; on a loaded 2-core machine that can be too short.
@@ -213,7 +213,7 @@ def local_ray(
     # Ray's processes of this block are below the children ray.init starts; a LocalRayCluster's head
     # (an older child) and its workers are left alone.
     before = {p.pid for p in psutil.Process().children()}
-    temp_dir = tempfile.mkdtemp(prefix="mgpu-ray-")
+    temp_dir = tempfile.mkdtemp(prefix=temp_prefix("ray"))
     seen: dict[int, Any] = {}  # every Ray process seen, so that one re-parented after a crash is found too
 
     def ours() -> list[Any]:
