@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from mgpu_helpers.course import REPO_SLUG
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -109,3 +111,63 @@ def test_tuning_notebook_installs_exactly_the_tune_extra():
     ]
     assert len(pip_lines) == 1
     assert sorted(p.strip('"') for p in pip_lines[0]) == sorted(extra), "keep the cell and the extra in step"
+
+
+_RUN_INSTALL_CELL = """
+import importlib.util, json, sys, types
+from IPython.core.inputtransformer2 import TransformerManager
+
+hidden, colab, source = json.loads(sys.argv[1])
+real_find_spec = importlib.util.find_spec
+
+def find_spec(name, package=None):  # as if the hidden packages were not installed
+    if name.split(".")[0] in hidden:
+        if "." in name:  # what find_spec does when the parent package is missing
+            raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+        return None
+    return real_find_spec(name, package)
+
+importlib.util.find_spec = find_spec
+for name in [n for n in sys.modules if n.split(".")[0] in hidden]:
+    del sys.modules[name]
+if colab:  # Colab's kernel has imported google.colab before the first cell runs
+    sys.modules["google"] = types.ModuleType("google")
+    sys.modules["google.colab"] = types.ModuleType("google.colab")
+calls = []
+
+class Shell:
+    def run_line_magic(self, name, line):
+        calls.append(f"%{name} {line}")
+
+exec(TransformerManager().transform_cell(source), {"get_ipython": Shell})
+print(json.dumps(calls))
+"""
+
+
+def _install_calls(path: pathlib.Path, hidden: list[str], colab: bool) -> list[str]:
+    """The %pip lines the notebook's first code cell runs with ``hidden`` packages missing."""
+    import subprocess
+    import sys
+
+    first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_INSTALL_CELL, json.dumps([hidden, colab, _src(first)])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"{path.name}'s install cell raised:\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_install_cell_does_nothing_off_colab_and_installs_on_colab(path):
+    tune = path.name.startswith("06")
+    # A base install: no `google` namespace package at all (it arrives only with e.g. protobuf).
+    assert _install_calls(path, ["google"], colab=False) == []
+    on_colab = _install_calls(path, ["mgpu_helpers", "ray", "optuna"], colab=True)
+    extra = "[tune]" if tune else ""
+    assert on_colab[0] == f'%pip install -q "mgpu-course{extra} @ git+https://github.com/{REPO_SLUG}"'
+    if tune:  # anywhere without Ray Tune, notebook 06 installs the tune extra's packages
+        expected = ['%pip install -q "ray[tune]" optuna pandas']
+        assert _install_calls(path, ["google", "ray"], colab=False) == expected
