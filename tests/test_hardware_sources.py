@@ -37,16 +37,8 @@ from mgpu_helpers.hardware import (
 )
 from mgpu_helpers.hardware._rows import _Row
 
-
-@pytest.fixture(autouse=True)
-def _no_visible_devices_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests set CUDA_VISIBLE_DEVICES themselves when they need it."""
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-
-
-@pytest.fixture
-def calls() -> Calls:
-    return Calls()
+# Fixtures `calls` and `no_visible_devices_env` come from tests/conftest.py.
+pytestmark = pytest.mark.usefixtures("no_visible_devices_env")
 
 
 # --------------------------------------------------------------------------------------

@@ -260,6 +260,7 @@ def test_every_socket_of_the_job_listens_on_loopback_only(tmp_path, init_method)
 
 PARENT = """
 import signal, time
+import psutil
 from mgpu_helpers.launching import launch
 
 def nap(rank, world_size):
@@ -271,7 +272,8 @@ def nap(rank, world_size):
 try:
     launch(nap, 2, timeout_s=100)
 except KeyboardInterrupt:
-    print("interrupted", flush=True)
+    live = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    print("interrupted; children left:", len(live), flush=True)
 """
 
 
@@ -290,11 +292,9 @@ def test_an_interrupt_stops_every_child_and_leaves_no_folder(tmp_path):
     assert count_mgpu_entries(tmp_path) == 0
 
 
-INTERRUPTED_WHILE_STARTING = """
-import signal, sys, time
-import psutil
+INTERRUPTED_WHILE_STARTING = (
+    """
 import torch.multiprocessing as mp
-from mgpu_helpers.launching import launch
 
 real_start = mp.start_processes
 
@@ -303,17 +303,9 @@ def start_then_interrupted(*args, **kwargs):
     raise KeyboardInterrupt  # ... but Ctrl-C lands before their context is returned
 
 mp.start_processes = start_then_interrupted
-
-def nap(rank, world_size):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    time.sleep(100)
-
-try:
-    launch(nap, 2, timeout_s=100)
-except KeyboardInterrupt:
-    live = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-    print("interrupted; children left:", len(live), flush=True)
 """
+    + PARENT
+)
 
 
 def test_an_interrupt_during_start_up_still_stops_the_children():
