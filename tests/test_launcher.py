@@ -316,3 +316,30 @@ def test_an_interrupt_during_start_up_still_stops_the_children():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "interrupted; children left: 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+CTRL_C_WHILE_STARTING = (
+    """
+import os, signal
+import torch.multiprocessing as mp
+
+real_start = mp.start_processes
+
+def start_with_ctrl_c(*args, **kwargs):
+    context = real_start(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C while start_processes is still running
+    return context
+
+mp.start_processes = start_with_ctrl_c
+"""
+    + PARENT
+)
+
+
+def test_a_ctrl_c_during_start_up_is_held_back_then_raised_with_every_child_stopped():
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_STARTING], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interrupted; children left: 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+

@@ -41,6 +41,7 @@ any N. Failed ranks are not restarted: a notebook wants the traceback, not a ret
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -48,9 +49,10 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -139,6 +141,25 @@ def _preload_for_fork() -> None:
     import torch._dynamo  # noqa: F401
 
 
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while the children start; raise it once they are all known.
+
+    Only the main thread can change signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def _die_with(parent: int | None) -> None:
     """Ask for SIGKILL when the parent dies; exit at once if it already has (it died before we asked)."""
     die_with_parent(signal.SIGKILL)
@@ -172,6 +193,7 @@ def _worker(
     parent: int | None,
 ) -> None:
     """Runs in each child: tie its life to the parent, set the identity, join the group, call ``fn``."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # forked while Ctrl-C was held back
     _die_with(parent)
     os.environ.update(env)
     os.environ.update(
@@ -305,9 +327,10 @@ def launch(
             fn, tuple(args), nprocs, free_port(), backend, init_process_group, collective_timeout_s,
             threads, result_dir, child_env, parent,
         )  # fmt: skip
-        context = mp.start_processes(
-            _worker, args=worker_args, nprocs=nprocs, join=False, start_method=method
-        )
+        with _interrupts_deferred():  # a Ctrl-C now would leave children we have no handle on
+            context = mp.start_processes(
+                _worker, args=worker_args, nprocs=nprocs, join=False, start_method=method
+            )
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=0.1, grace_period=1.0):
             if time.monotonic() > deadline:
