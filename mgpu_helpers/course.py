@@ -132,7 +132,9 @@ NOTEBOOKS: tuple[Notebook, ...] = (
 MODULES: dict[str, str] = {
     "course": "the course map and this module table",
     "labels": '"measured / simulated / estimated" labels for every printed number',
-    "exercises": "automatic checks for exercises (✅ / ❌ with a hint)",
+    "exercises": "`grade(id, work)`: runs a graded exercise's grader, prints ⏳ / ✅ / ❌ with a hint",
+    "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
+    "`solutions/`)",
     "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "
     "backend rule, `choose_backend`",
     "processes": "free ports, loopback-only checks, stopping a process tree, children that die with "

@@ -1,5 +1,30 @@
-"""Used by the exercises of notebooks 00, 01, 02, 03, 04, 05, 06 and 07: automatic checks with a clear
-pass/fail line and a hint.
+"""Used by the exercises of every notebook: graded coding exercises (:func:`grade`) and, while notebooks
+move over to them, the older answer checks (:func:`check`, :func:`check_function`).
+
+**Graded exercises.** The student writes or repairs real code in the notebook and hands it to
+:func:`grade` with the exercise's id; nothing in the cell gives the answer away::
+
+    def ddp_step(rank, world_size):
+        ...                          # the student's code
+        raise NotImplementedError    # delete this line when done
+
+    grade("04a.1", ddp_step)
+
+The grader is a function in :mod:`mgpu_helpers.graders` (module ``nb04a`` for ids ``"04a.*"``),
+registered with :func:`exercise`; it runs the student's code (often on real processes) and raises
+:class:`Wrong` with a message that says *what* is off, never what the answer is. :func:`grade` prints
+
+* ``⏳ Exercise 04a.1 (title): not written yet — <hint>`` while the code still raises
+  ``NotImplementedError`` (or an answer is still ``None``),
+* ``✅ Exercise 04a.1 (title): <what was checked>``, or
+* ``❌ Exercise 04a.1 (title): <what is wrong>. Hint: <hint>``,
+
+and returns a :class:`CheckResult` (truthy when correct). It never raises for the student's mistakes,
+so "Run all" goes on. Reference solutions live outside the notebooks, in ``solutions/nbXX.py`` at the
+repository root, and ``tests/test_solutions.py`` runs each through its grader (and checks that the
+grader rejects a known-wrong attempt).
+
+**Answer checks** (being retired: the expected value is visible in the cell).
 
 An exercise cell leaves ``answer = None`` for the student to fill in and ends with::
 
@@ -20,12 +45,16 @@ never raises, so an unanswered exercise does not stop "Run all"; a check that is
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
+import re
+import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CheckResult", "check", "check_function"]
+__all__ = ["CheckResult", "Exercise", "Wrong", "check", "check_function", "exercise", "exercises", "grade"]
 
 
 class CheckResult:
@@ -155,4 +184,124 @@ def check_function(
             print(f"❌ Exercise {name}: for input {args} expected {expected!r}, got {got!r}. Hint: {hint}")
             return CheckResult(False)
     print(f"✅ Exercise {name}: correct on all {len(cases)} cases.")
+    return CheckResult(True)
+
+
+# --- graded exercises -------------------------------------------------------------------------------
+
+_ID = re.compile(r"^(\d\d[a-z]?)\.(\d+)$")
+
+
+class Wrong(Exception):
+    """Raised by a grader: the student's work ran but is not right; the message says what is off."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise: its id (``"04a.1"``), a short title, the hint and the grader function."""
+
+    id: str
+    title: str
+    hint: str
+    grader: Callable[..., str | None]
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(
+    exercise_id: str, title: str, *, hint: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the grader of ``exercise_id`` (e.g. ``"04a.1"``).
+
+    The grader receives what the student passed to :func:`grade`, raises :class:`Wrong` (or lets the
+    student's own exception through) when the work is not right, and may return a sentence saying
+    what was checked, printed after ✅.
+    """
+    if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
+        raise ValueError(f"exercise id must look like '04a.1' (notebook, dot, number), not {exercise_id!r}")
+    if not isinstance(title, str) or not title.strip() or not isinstance(hint, str) or not hint.strip():
+        raise TypeError("title and hint must be non-empty strings")
+
+    def register(grader: Callable[..., Any]) -> Callable[..., Any]:
+        if exercise_id in _REGISTRY and _REGISTRY[exercise_id].grader.__qualname__ != grader.__qualname__:
+            raise ValueError(f"exercise {exercise_id} is registered twice")
+        _REGISTRY[exercise_id] = Exercise(exercise_id, title.strip(), hint.strip(), grader)
+        return grader
+
+    return register
+
+
+def _load_graders(notebook: str) -> None:
+    try:
+        importlib.import_module(f"{__package__}.graders.nb{notebook}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.graders.nb{notebook}":
+            raise
+        raise ValueError(f"no graders for notebook {notebook}: is the exercise id right?") from None
+
+
+def exercises(notebook: str | None = None) -> list[Exercise]:
+    """The registered exercises of one notebook (``"04a"``) or, with None, of every notebook."""
+    from . import graders
+
+    wanted = [notebook] if notebook else list(graders.NOTEBOOKS)
+    for name in wanted:
+        _load_graders(name)
+    return sorted(
+        (e for e in _REGISTRY.values() if e.id.split(".")[0] in wanted),
+        key=lambda e: (e.id.split(".")[0], int(e.id.split(".")[1])),
+    )
+
+
+def _unwritten(work: Any) -> bool:
+    """True while the student's function still contains ``raise NotImplementedError`` (or is None)."""
+    if work is None:
+        return True
+    code = getattr(work, "__code__", None)
+    if code is None and isinstance(work, type):  # a class: look at the methods it defines itself
+        return any(_unwritten(v) for v in vars(work).values() if callable(v) and hasattr(v, "__code__"))
+    return code is not None and "NotImplementedError" in code.co_names
+
+
+def _where(exc: BaseException) -> str:
+    """' (line N of your cell)' when the innermost frame of the traceback is in notebook code."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if "ipykernel" in f.filename or "<" in f.filename
+    ]
+    return f" (line {frames[-1].lineno} of your code)" if frames else ""
+
+
+def grade(exercise_id: str, *work: Any) -> CheckResult:
+    """Run the grader of ``exercise_id`` on the student's ``work`` and print ⏳ / ✅ / ❌ with a hint.
+
+    Args:
+        exercise_id: the id printed in the exercise's heading, e.g. ``"04a.1"``.
+        *work: what the exercise asks for (functions, classes, numbers), in the order it names them.
+    """
+    match = _ID.match(exercise_id) if isinstance(exercise_id, str) else None
+    if not match:
+        raise ValueError(f"exercise id must look like '04a.1', not {exercise_id!r}")
+    if exercise_id not in _REGISTRY:
+        _load_graders(match.group(1))
+    if exercise_id not in _REGISTRY:
+        raise ValueError(f"notebook {match.group(1)} has no exercise {exercise_id}")
+    ex = _REGISTRY[exercise_id]
+    label = f"Exercise {ex.id} ({ex.title})"
+    if any(_unwritten(w) for w in work):
+        print(f"⏳ {label}: not written yet — {ex.hint}")
+        return CheckResult(False)
+    try:
+        detail = ex.grader(*work)
+    except NotImplementedError:
+        print(f"⏳ {label}: not written yet — {ex.hint}")
+        return CheckResult(False)
+    except Wrong as exc:
+        print(f"❌ {label}: {exc} Hint: {ex.hint}")
+        return CheckResult(False)
+    except Exception as exc:  # the student's code raised: feedback, not a crash
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        print(f"❌ {label}: your code raised {type(exc).__name__}{_where(exc)}: {message} Hint: {ex.hint}")
+        return CheckResult(False)
+    print(f"✅ {label}: correct" + (f" — {detail}" if detail else "."))
     return CheckResult(True)

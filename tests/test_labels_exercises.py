@@ -141,3 +141,41 @@ def _f(m, p):
 def test_bad_inputs_are_refused_with_what_to_pass(func, args, kwargs, exc, message):
     with pytest.raises(exc, match=message):
         func(*args, **kwargs)
+
+
+# --- graded exercises ---------------------------------------------------------------------------------
+
+from mgpu_helpers.exercises import Wrong, exercise, grade  # noqa: E402
+
+
+@exercise("98z.1", "sum of squares", hint="square each element, then add")
+def _grade_sum_of_squares(fn):
+    for xs in ([1, 2, 3], [], [-2]):
+        if fn(xs) != sum(x * x for x in xs):
+            raise Wrong(f"for {xs} your function returned {fn(xs)!r}.")
+    return "checked on 3 lists"
+
+
+def test_grade_reports_unwritten_correct_wrong_and_crashing_work(capsys):
+    def unwritten(xs):
+        raise NotImplementedError
+
+    assert not grade("98z.1", unwritten)
+    assert capsys.readouterr().out.startswith("⏳ Exercise 98z.1 (sum of squares): not written yet")
+    assert grade("98z.1", lambda xs: sum(x * x for x in xs))
+    assert capsys.readouterr().out == "✅ Exercise 98z.1 (sum of squares): correct — checked on 3 lists\n"
+    assert not grade("98z.1", lambda xs: sum(xs))
+    out = capsys.readouterr().out
+    assert out.startswith("❌") and "for [1, 2, 3] your function returned 6" in out and "square each" in out
+    assert not grade("98z.1", lambda xs: xs[len(xs)] ** 2)
+    out = capsys.readouterr().out
+    assert "your code raised IndexError" in out and "Hint: square each" in out
+
+
+def test_grade_refuses_unknown_or_malformed_ids():
+    with pytest.raises(ValueError, match="look like '04a.1'"):
+        grade("4.1", print)
+    with pytest.raises(ValueError, match="no graders for notebook 97"):
+        grade("97.1", print)
+    with pytest.raises(ValueError, match="registered twice"):
+        exercise("98z.1", "other", hint="h")(lambda fn: None)
