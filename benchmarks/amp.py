@@ -6,10 +6,13 @@ For each case the same model (same initial weights) is trained in fp32 and under
 step are counted by ``MemoryTracker``. On a GPU (``--device cuda``, the default when one is visible)
 fp16 autocast with ``GradScaler`` is timed too.
 
-    python benchmarks/amp.py [--repeats 5] [--device cpu|cuda] [--quick]
+    python benchmarks/amp.py [--repeats 5] [--device cpu|cuda] [--threads N] [--quick]
 
 Last line: ``RESULT bf16_speedup=<x> memory_ratio=<y>`` — fp32 step time over bf16 step time, and bf16
 peak step memory over fp32 peak step memory; each the geometric mean over the cases.
+
+On the CPU the steps run on one thread by default (``--threads``), as in notebook 05a §4: on a small
+machine shared with other programs, one thread is disturbed far less than several.
 """
 
 from __future__ import annotations
@@ -86,11 +89,14 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 on the CPU)")
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
     args = parser.parse_args()
     if args.quick:
         args.repeats = 1
     device = torch.device(args.device)
+    if args.threads is not None or device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
     modes = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"hardware: {hardware_label()} | device {device} | torch {torch.__version__}")

@@ -1,68 +1,84 @@
-"""Equal-budget comparison of hyperparameter search methods, over several seeds.
+"""Hyperparameter search at equal budgets: when does ASHA's early stopping pay?
 
-Grid, random search, ASHA (random proposals, asynchronous successive halving), TPE (Bayesian) and
-TPE+ASHA (BOHB-style) each get the same budget of training epochs on notebook 06's toy task and
-search space; every method runs once per seed (the seed drives its sampler and its trials' initial
-weights). For each run we record the best validation accuracy found after every epoch spent, and
-count the epochs until it came within 1 percentage point of the best accuracy any run found.
+Part 1 (notebook 06b, section 3, with more seeds): random search with and without Ray's
+``ASHAScheduler`` (driven by hand, one trial at a time, so budgets are exact) in two regimes of
+``mgpu_helpers.tuning.REGIMES``:
 
-    python benchmarks/tuning.py                    # 5 seeds, budget = 6 full trainings of 8 epochs
-    python benchmarks/tuning.py --seeds 10 --budget-trials 12
-    python benchmarks/tuning.py --quick            # smoke test: tiny budget, no claim
+* ``toy`` — the notes' space, 8-epoch trainings: most configurations are fine;
+* ``favourable`` — 27-epoch trainings, a learning rate from 1e-6 to 100: most configurations learn
+  nothing or diverge early.
 
-A run that never reaches the target counts as the whole budget (so such means are lower bounds; the
-table says how many seeds got there). Last line:
-``RESULT asha_epochs_to_1pct=<a> grid_epochs_to_1pct=<g> ratio=<a/g>``.
+A search's result is the best model among trials that trained all ``max_t`` epochs within the
+budget. Per regime: ``asha_ratio`` = ASHA's mean shortfall from the best model any search found,
+divided by random search's (below 1: ASHA got closer; about 1: no gain).
+
+Part 2 (with ``--methods``): the five-method comparison (grid, random, ASHA, TPE, TPE+ASHA) with
+Optuna on the toy task, as a table.
+
+    python benchmarks/tuning.py                  # 12 seeds per regime and method
+    python benchmarks/tuning.py --seeds 20 --methods
+    python benchmarks/tuning.py --quick          # smoke test: tiny budgets, no claim
+
+Last line: ``RESULT asha_ratio_favourable=<f> asha_ratio_toy=<t>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
 
 from mgpu_helpers.hardware import hardware_label
-from mgpu_helpers.tuning import METHODS, compare_methods, method_summary
+from mgpu_helpers.tuning import METHODS, REGIMES, asha_gain, compare_methods, method_summary, search
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per method (at least 3)")
-    parser.add_argument(
-        "--budget-trials", type=int, default=6, help="budget, in full trainings of --max-t epochs"
-    )
-    parser.add_argument("--max-t", type=int, default=8, help="epochs of a full training (ASHA's max_t)")
-    parser.add_argument("--tolerance", type=float, default=0.01, help="'within' this of the best (absolute)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, no timing claim")
+    parser.add_argument("--seeds", type=int, default=12, help="seeds per regime and method (at least 3)")
+    parser.add_argument("--methods", action="store_true", help="also run the five-method comparison")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny budgets, no claim")
     args = parser.parse_args()
-    if args.quick:
-        args.seeds, args.budget_trials, args.max_t = 3, 2, 2
     if args.seeds < 3:
         parser.error("use at least 3 seeds: single runs of a search are mostly luck")
+    regimes = dict(REGIMES)
+    if args.quick:
+        args.seeds = 3
+        regimes = {
+            name: dataclasses.replace(r, budget_trainings=2, max_t=min(r.max_t, 4))
+            for name, r in regimes.items()
+        }
 
     torch.set_num_threads(1)
-    budget = args.budget_trials * args.max_t
-    print(f"hardware: {hardware_label()} (the study runs on the CPU, one trial at a time)")
-    print(f"budget: {budget} epochs per run ({args.budget_trials} x {args.max_t}); seeds 0..{args.seeds - 1}")
-    start = time.perf_counter()
-    comparison = compare_methods(
-        METHODS, budget=budget, seeds=range(args.seeds), max_t=args.max_t, progress=False
-    )
-    elapsed = time.perf_counter() - start
-    target = comparison.reference - args.tolerance
-    print(f"{len(comparison.traces)} runs in {elapsed:.1f} s (measured)")
-    print(f"best accuracy found by any run: {comparison.reference:.4f}; target: {target:.4f}\n")
-    print(method_summary(comparison, args.tolerance))
-    print("\nepochs to target per seed ('-' = not reached within the budget):")
-    for method in comparison.methods:
-        values = comparison.epochs_to_target(method, args.tolerance)
-        print(f"  {method:>9}: " + " ".join(f"{v:>3}" if v is not None else "  -" for v in values))
-    asha, _ = comparison.mean_epochs_to_target("asha", args.tolerance)
-    grid, _ = comparison.mean_epochs_to_target("grid", args.tolerance)
-    print(f"RESULT asha_epochs_to_1pct={asha:.1f} grid_epochs_to_1pct={grid:.1f} ratio={asha / grid:.3f}")
+    print(f"hardware: {hardware_label()} (the studies run on the CPU, one trial at a time)")
+    ratios = {}
+    for name, regime in regimes.items():
+        start = time.perf_counter()
+        random = [search(regime, s, early_stopping=False) for s in range(args.seeds)]
+        asha = [search(regime, s, early_stopping=True) for s in range(args.seeds)]
+        g = asha_gain(random, asha)
+        ratios[name] = g["ratio"]
+        print(
+            f"\n{name}: budget {regime.budget} epochs ({regime.budget_trainings} x {regime.max_t}), "
+            f"{args.seeds} seeds, {time.perf_counter() - start:.1f} s (measured)"
+        )
+        print(f"  configurations tried: random {g['tried_random']:.1f}, ASHA {g['tried_asha']:.1f}")
+        print(
+            f"  mean best accuracy  : random {g['random']:.4f}, ASHA {g['asha']:.4f} (gain {g['gain']:+.4f})"
+        )
+        print(f"  per seed, random: {' '.join(f'{r.best:.3f}' for r in random)}")
+        print(f"  per seed, ASHA  : {' '.join(f'{r.best:.3f}' for r in asha)}")
+        print(f"  shortfall ratio ASHA / random: {g['ratio']:.3f}")
+    if args.methods:
+        budget, max_t = (8, 2) if args.quick else (48, 8)
+        comparison = compare_methods(
+            METHODS, budget=budget, seeds=range(args.seeds), max_t=max_t, progress=False
+        )
+        print(f"\nfive methods, toy task, budget {budget} epochs:\n{method_summary(comparison)}")
+    print(f"RESULT asha_ratio_favourable={ratios['favourable']:.3f} asha_ratio_toy={ratios['toy']:.3f}")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ lists them with the notebooks that use them; ``mgpu_helpers.course.MODULES`` is 
 * :mod:`~mgpu_helpers.data`, :mod:`~mgpu_helpers.models` — small datasets and models, made locally
 * :mod:`~mgpu_helpers.memory` — memory tracking by category, the analytic estimator, plots, the panel
 * :mod:`~mgpu_helpers.launching` — ``launch`` from a notebook, ``run_torchrun`` jobs, the torchrun worker
-* one per topic: :mod:`~mgpu_helpers.pipeline` (02), :mod:`~mgpu_helpers.data_parallel` (03),
-  :mod:`~mgpu_helpers.ddp` (04), :mod:`~mgpu_helpers.precision` (05), :mod:`~mgpu_helpers.tuning` (06,
-  needs the ``tune`` extra), :mod:`~mgpu_helpers.troubleshoot` (07)
+* :mod:`~mgpu_helpers.exercises` — ``grade(id, work)`` for the graded exercises; graders in
+  :mod:`~mgpu_helpers.graders`, one module per notebook
+* one per topic: :mod:`~mgpu_helpers.pipeline` (02a, 02b), :mod:`~mgpu_helpers.data_parallel` (03a,
+  03b), :mod:`~mgpu_helpers.ddp` (04b), :mod:`~mgpu_helpers.precision` (05a, 05b),
+  :mod:`~mgpu_helpers.tuning` (06a, 06b, needs the ``tune`` extra), :mod:`~mgpu_helpers.troubleshoot`
+  (07a, 07b)
 
 Importing the package imports none of these (and never Ray); import the module you need.
 Run ``python -m mgpu_helpers`` to see this machine and what each notebook will do on it.

@@ -1,4 +1,5 @@
-"""Used by notebooks 01, 03, 04 and 05 (and by :mod:`mgpu_helpers.tuning` for notebook 06): small
+"""Used by notebooks 01, 03a, 04b and 05a (and by :mod:`mgpu_helpers.tuning` for notebooks 06a and 06b):
+small
 synthetic datasets for the course, generated locally and deterministically.
 
 Nothing here downloads anything: every dataset is built from a seeded

@@ -1,4 +1,4 @@
-"""Used by notebook 01 (node and rank diagrams), and through other modules by notebooks 02, 03 and 05:
+"""Used by notebook 01 (node and rank diagrams), and through other modules by notebooks 02b, 05b and 07a:
 figures as PNG bytes for widgets and saved notebooks (:func:`figure_to_png`), the course's shared
 colours, and notebook 01's drawn diagrams.
 

@@ -1,6 +1,6 @@
-"""Used by notebook 05 (mixed precision and memory): number-format drawings and bit strings, a snapshot
-of the parameter/gradient/optimizer bytes a process really holds (sharded FSDP tensors included),
-interleaved step timing, and a check for native bf16 instructions on the CPU.
+"""Used by notebooks 05a (number-format drawings, the check for native bf16 instructions on the CPU) and
+05b (a snapshot of the parameter/gradient/optimizer bytes a process really holds, sharded FSDP tensors
+included), and by ``benchmarks/amp.py`` (interleaved step timing) and notebook 05b's graders.
 
 The concepts themselves (loss scaling, autocast, master weights, ZeRO, checkpointing) stay in the
 notebook; this module only draws, counts and times.

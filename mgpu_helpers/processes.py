@@ -1,4 +1,5 @@
-"""Used by every notebook that starts processes (01, 02, 04, 05, 06, 07), through
+"""Used by notebook 04a directly, and by every notebook that starts processes (01, 02a, 02b, 04a, 04b,
+05b, 06b, 07a, 07b) through
 :mod:`mgpu_helpers.launching`, :mod:`mgpu_helpers.tuning` and :mod:`mgpu_helpers.troubleshoot`, and by
 the test suite's leftover-process check (``conftest.py``).
 

@@ -172,3 +172,26 @@ def defined_in_a_function() -> Callable[[Any], Any]:
         return x
 
     return nested
+
+
+def reference_solutions(notebook: str) -> Any:
+    """``solutions/nb<notebook>.py`` (repository root, outside the package): SOLUTIONS and WRONG."""
+    import importlib
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"solutions.nb{notebook}")
+
+
+def graded(exercise_id: str, *work: Any) -> tuple[bool, str]:
+    """Run ``grade(exercise_id, *work)`` and return (passed, what it printed)."""
+    import contextlib
+    import io
+
+    from mgpu_helpers.exercises import grade
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ok = bool(grade(exercise_id, *work))
+    return ok, out.getvalue()

@@ -1,167 +1,53 @@
-"""mgpu_helpers.ddp: c10d torchrun jobs on 127.0.0.1, the notebook's plots, DDP throughput."""
+"""mgpu_helpers.ddp (`!torchrun` cells, native stderr capture) and the plumbing of notebook 04a/04b's
+graders."""
 
-import matplotlib
+import os
+import subprocess
+import sys
 
-matplotlib.use("Agg")
-
-import threading
-
-import matplotlib.pyplot as plt
 import pytest
-from _scripts import FAILING_NODE, SLEEP, assert_loopback_only, job_listening_addresses, write_script
+import torch
+import torch.distributed as dist
 
-from mgpu_helpers.ddp import (
-    measure_throughput,
-    plot_bytes_per_rank,
-    plot_loss_per_rank,
-    run_c10d_job,
-)
-from mgpu_helpers.launching import torchrun_command
-
-#: Joins the group, reports its identity, then stays up (ready file in argv[1]) until the test has looked.
-WORKER = """
-import json, os, sys, time
-import torch, torch.distributed as dist
-
-dist.init_process_group("gloo")
-total = torch.tensor([float(dist.get_rank())])
-dist.all_reduce(total)
-keys = ("RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR")
-print("MGPU_RESULT " + json.dumps({**{k: os.environ[k] for k in keys}, "sum": total.item()}), flush=True)
-open(os.path.join(sys.argv[1], f"ready{dist.get_rank()}"), "w").close()
-deadline = time.monotonic() + 60
-while not os.path.exists(os.path.join(sys.argv[1], "release")) and time.monotonic() < deadline:
-    time.sleep(0.05)
-dist.destroy_process_group()
-"""
+from mgpu_helpers.ddp import captured_native_stderr, torchrun_ready_shell
+from mgpu_helpers.exercises import Wrong
+from mgpu_helpers.graders.nb04a import run_ranks
 
 
-def test_c10d_command_is_the_same_for_every_node():
-    kwargs = dict(nnodes=2, nproc_per_node=4, master_port=29400, rdzv="c10d", rdzv_id="job", module=False)
-    cmd = torchrun_command("train.py", ["--steps", 3], node_rank=0, **kwargs)
-    assert cmd == torchrun_command("train.py", ["--steps", 3], node_rank=1, **kwargs)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"]
-    assert cmd[3:] == [
-        "--nnodes=2",
-        "--nproc-per-node=4",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=127.0.0.1:29400",
-        "--rdzv-id=job",
-        "--max-restarts=0",
-        "--local-addr=127.0.0.1",  # every node is this machine: workers meet on loopback
-        "train.py",
-        "--steps",
-        "3",
-    ]
-    assert not any(a.startswith("--node-rank") for a in cmd), "c10d assigns node ranks itself"
-    module = torchrun_command("pkg.mod", nnodes=1, nproc_per_node=1, master_port=1, rdzv="c10d", module=True)
-    assert module[-2:] == ["-m", "pkg.mod"]
-    remote = torchrun_command("t.py", master_addr="10.0.0.1", master_port=1, rdzv="c10d", module=False)
-    assert not any(a.startswith("--local-addr") for a in remote)  # a real cluster: each node's own address
-
-
-def test_two_nodes_meet_through_c10d_on_loopback_only_and_get_node_ranks(tmp_path):
-    folder = tmp_path / "job"
-    folder.mkdir()
-    script, runs = write_script(tmp_path, WORKER), []
-    job = threading.Thread(
-        target=lambda: runs.extend(
-            run_c10d_job(script, [str(folder)], nnodes=2, nproc_per_node=1, timeout=120)
-        )
+def test_torchrun_ready_shell_puts_this_python_first_and_stays_on_loopback(monkeypatch):
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", os.path.dirname(sys.executable)]))
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    port = torchrun_ready_shell()
+    assert 0 < port < 65536
+    assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert os.environ["PATH"].count(os.path.dirname(sys.executable)) == 1
+    assert os.environ.get("GLOO_SOCKET_IFNAME") in ("lo", "lo0", None)
+    which = subprocess.run(
+        ["sh", "-c", "command -v torchrun"], capture_output=True, text=True, env=os.environ
     )
-    job.start()
-    try:
-        # the c10d store, the workers' store (rank 0's agent) and one gloo listener per rank
-        found = job_listening_addresses(lambda: all((folder / f"ready{r}").exists() for r in range(2)))
-    finally:
-        (folder / "release").touch()
-        job.join(timeout=120)
-    assert_loopback_only(found, at_least=4)
-    assert [r.returncode for r in runs] == [0, 0]
-    assert runs[0].command == runs[1].command
-    results = sorted((res for r in runs for res in r.results), key=lambda res: res["RANK"])
-    assert [(res["RANK"], res["GROUP_RANK"], res["LOCAL_RANK"]) for res in results] == [
-        ("0", "0", "0"),
-        ("1", "1", "0"),
-    ]
-    assert all(res["WORLD_SIZE"] == "2" and res["sum"] == 1.0 for res in results)
-    assert all(res["MASTER_ADDR"] == "127.0.0.1" for res in results)
-    assert len({res["TORCHELASTIC_RUN_ID"] for res in results}) == 1
-    assert runs[0].shell_command().startswith("torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d")
+    if which.returncode == 0:  # the torchrun of this environment, not another one
+        assert os.path.dirname(which.stdout.strip()) == os.path.dirname(sys.executable)
 
 
-def test_a_failing_node_stops_the_other_one(tmp_path):
-    runs = run_c10d_job(write_script(tmp_path, FAILING_NODE), nnodes=2, nproc_per_node=1, check=False)
-    failed = [r for r in runs if "node one is broken on purpose" in r.stderr]
-    stopped = [r for r in runs if "stopped by run_torchrun: another node failed" in r.stderr]
-    assert len(failed) == len(stopped) == 1 and failed[0].returncode == 1
-    # the conftest fixture fails this test if any agent or worker is still alive
+def test_captured_native_stderr_sees_what_cpp_code_writes():
+    with captured_native_stderr() as captured:
+        os.write(2, b"from file descriptor 2\n")  # what C++ warnings do, past sys.stderr
+    assert captured == ["from file descriptor 2\n"]
+    os.write(2, b"")  # file descriptor 2 works again
 
 
-def test_timeout_stops_everything(tmp_path):
-    runs = run_c10d_job(write_script(tmp_path, SLEEP), nnodes=2, nproc_per_node=1, timeout=2, check=False)
-    assert [r.returncode for r in runs] == [None, None]
-    assert all("timeout" in r.stderr for r in runs)
+def _raises(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.barrier()
 
 
-def test_plot_loss_per_rank_draws_ranks_and_reference():
-    ax = plot_loss_per_rank([[1.0, 0.5, 0.25], [1.2, 0.7, 0.2]], reference=[1.1, 0.6, 0.225])
-    lines = ax.get_lines()
-    assert len(lines) == 3
-    assert list(lines[2].get_ydata()) == [1.1, 0.6, 0.225]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "rank 0 (its shard)",
-        "rank 1 (its shard)",
-        "one process, whole batch",
-    ]
-    plt.close(ax.figure)
+def _waits_forever(rank, world_size):
+    dist.recv(torch.empty(1), src=1 - rank)  # both ranks wait for the other: a deadlock
 
 
-def test_plot_bytes_per_rank_one_bar_per_rank_and_series():
-    ring = {2: [2048, 2048], 3: [3072, 3072, 3072]}
-    naive = {2: [2048, 2048], 3: [4096, 2048, 2048]}
-    ax = plot_bytes_per_rank(ring, naive, unit="KiB")
-    heights = [p.get_height() for p in ax.patches]
-    assert len(heights) == 10  # (2 + 3 ranks) x (ring, naive)
-    assert heights[:4] == [2.0, 2.0, 2.0, 2.0] and heights[4:6] == [3.0, 4.0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ring", "gather to rank 0"]
-    plt.close(ax.figure)
-
-
-def test_measure_throughput_runs_real_ddp_for_one_and_two_processes():
-    one = measure_throughput(1, global_batch=64, steps=2, warmup=1, hidden=32, threads_per_process=1)
-    two = measure_throughput(2, global_batch=64, steps=2, warmup=1, hidden=32, threads_per_process=1)
-    assert one > 0 and two > 0
-
-
-@pytest.mark.parametrize(
-    ("fn", "args", "kwargs", "error", "message"),
-    [
-        (plot_loss_per_rank, ([[1.0, 0.5], [1.0]],), {}, ValueError, r"same number of steps for every rank"),
-        (plot_loss_per_rank, ([[1.0, 0.5]],), {"reference": [1.0]}, ValueError, r"reference has 1 steps"),
-        (plot_loss_per_rank, ([],), {}, ValueError, r"non-empty list"),
-        (plot_loss_per_rank, ("loss",), {}, TypeError, r"losses must be a list"),
-        (plot_loss_per_rank, ([["a", "b"]],), {}, TypeError, r"losses\[0\] must be a list of numbers"),
-        (plot_bytes_per_rank, ({2: [1, 1]},), {"unit": "GB"}, ValueError, r"unit must be one of"),
-        (plot_bytes_per_rank, ({},), {}, ValueError, r"ring must be a dict \{world size"),
-        (plot_bytes_per_rank, ({2: [1]},), {}, ValueError, r"ring\[2\] must list the bytes of each of the 2"),
-        (plot_bytes_per_rank, ({2: [1, 1]}, [1, 1]), {}, TypeError, r"naive must be a dict"),
-        (measure_throughput, (3,), {"global_batch": 64}, ValueError, r"positive multiple of nprocs \(3\)"),
-        (measure_throughput, (0,), {}, ValueError, r"nprocs must be >= 1"),
-        (measure_throughput, ("2",), {}, TypeError, r"nprocs must be a whole number"),
-        (measure_throughput, (1,), {"steps": 0}, ValueError, r"steps must be >= 1, not 0"),
-        (
-            measure_throughput,
-            (1,),
-            {"threads_per_process": 0},
-            ValueError,
-            r"threads_per_process must be >= 1",
-        ),
-        (measure_throughput, (1,), {"hidden": 0}, ValueError, r"hidden must be >= 1"),
-        (run_c10d_job, ("t.py",), {"nnodes": 0}, ValueError, r"nnodes must be >= 1"),
-        (run_c10d_job, ("missing_script.py",), {}, FileNotFoundError, r"No such file: 'missing_script\.py'"),
-    ],
-)
-def test_bad_arguments_say_what_to_pass(fn, args, kwargs, error, message):
-    with pytest.raises(error, match=message):
-        fn(*args, **kwargs)
+def test_grader_runs_turn_failures_and_hangs_into_short_feedback():
+    with pytest.raises(Wrong, match=r"^rank 1 raised ValueError: rank one is broken on purpose$"):
+        run_ranks(_raises, 2)
+    with pytest.raises(Wrong, match=r"did not finish within 3 s: a rank is waiting for a message"):
+        run_ranks(_waits_forever, 2, timeout_s=3)

@@ -17,7 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 @pytest.mark.slow

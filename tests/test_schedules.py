@@ -15,11 +15,13 @@ from mgpu_helpers.pipeline import (
     Task,
     bubble_relative_to_ideal,
     gpipe_bubble,
+    peaks_in_flight,
     pipeline_speedup,
     plot_gantt,
     plot_schedule,
     schedules,
     simulate,
+    simulate_orders,
     stage_order,
 )
 
@@ -305,3 +307,28 @@ def test_schedule_plots_reject_bad_arguments_with_advice(fn, args, kwargs, exc, 
 def test_simulator_widget_rejects_bad_defaults_with_advice(kwargs, exc, message):
     with pytest.raises(exc, match=message):
         ScheduleSimulator(**kwargs)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_hand_written_orders_simulate_like_the_named_schedules(schedule):
+    for p, m in [(1, 3), (2, 4), (3, 2), (4, 8)]:
+        orders = [[(k, i) for k, i, _ in stage_order(schedule, s, p, m)] for s in range(p)]
+        tasks = simulate_orders(orders)
+        named = simulate(schedule, p, m)
+        assert max(t.end for t in tasks) == named.makespan
+        assert peaks_in_flight(tasks, p) == named.peak_in_flight
+
+
+def test_hand_written_orders_are_checked():
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        simulate_orders([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+    with pytest.raises(ValueError, match="exactly once"):
+        simulate_orders([[("F", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+    with pytest.raises(ValueError, match=r"\('F', i\) or \('B', i\)"):
+        simulate_orders([[("X", 0), ("B", 0)]])
+    with pytest.raises(ValueError, match="same micro-batches"):
+        simulate_orders([[("F", 0), ("B", 0)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]])
+    with pytest.raises(TypeError, match="one list of"):
+        simulate_orders("FB")
+    sequential = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)]] * 2
+    assert peaks_in_flight(simulate_orders(sequential), 2) == [1, 1]

@@ -1,4 +1,5 @@
-"""Troubleshooting helpers: diagnose() on real errors, leak detection, the distributed hang demo, its CLI."""
+"""Troubleshooting helpers: diagnose() on real errors (real hangs and mismatched collectives between two gloo
+processes included) and leak detection."""
 
 import pickle
 import subprocess
@@ -10,11 +11,10 @@ import torch
 import torch.nn.functional as F
 from _scripts import defined_in_a_function, raised
 
-from mgpu_helpers.launching import run_torchrun
+from mgpu_helpers.launching import launch
 from mgpu_helpers.memory import MemoryTracker
 from mgpu_helpers.models import MLP
-from mgpu_helpers.troubleshoot import KINDS, Diagnosis, diagnose, hang_worker, memory_growth
-from mgpu_helpers.troubleshoot.__main__ import main as troubleshoot_cli
+from mgpu_helpers.troubleshoot import KINDS, Diagnosis, diagnose, memory_growth
 
 
 # ------------------------------------------------------------------------------------------ bad inputs
@@ -47,40 +47,6 @@ def test_diagnose_rejects_bad_input(fn, args, kwargs, exc, message):
 def test_memory_growth_rejects_bad_input(fn, args, kwargs, exc, message):
     with pytest.raises(exc, match=message):
         fn(*args, **kwargs)
-
-
-@pytest.mark.parametrize(
-    ("fn", "args", "env", "exc", "message"),
-    [
-        (hang_worker, (0,), {}, ValueError, r"timeout_s must be a finite number of seconds > 0"),
-        (hang_worker, ("2",), {}, TypeError, r"timeout_s must be a number of seconds"),
-        (
-            hang_worker,
-            (2,),
-            {},
-            RuntimeError,
-            r"with 2 processes: torchrun --nproc-per-node=2",
-        ),
-        (hang_worker, (2,), {"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}, RuntimeError, r"2 processes"),
-        (hang_worker, (2,), {"WORLD_SIZE": "2", "MASTER_ADDR": "10.1.2.3"}, RuntimeError, r"127\.0\.0\.1"),
-    ],
-)
-def test_hang_worker_rejects_bad_input(monkeypatch, fn, args, env, exc, message):
-    for name in ("WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(exc, match=message):
-        fn(*args)
-
-
-@pytest.mark.parametrize(
-    "argv", [["hang", "--timeout", "-1"], ["hang", "--timeout", "soon"], ["nothing"], []]
-)
-def test_cli_rejects_bad_arguments(argv, capsys):
-    with pytest.raises(SystemExit) as info:
-        troubleshoot_cli(argv)
-    assert info.value.code == 2 and "usage: python -m mgpu_helpers.troubleshoot" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ leaks
@@ -166,16 +132,51 @@ def test_diagnose_real_index_out_of_range_and_device_side_assert():
     assert d.kind == "index_out_of_range" and any("CUDA_LAUNCH_BLOCKING=1" in s for s in d.next_steps)
 
 
+def _skips_the_collective(rank, world_size):
+    """Rank 0 reduces, rank 1 never joins (but stays alive until rank 0's timeout has fired)."""
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(2.0)
+        return None
+    try:
+        dist.all_reduce(torch.ones(4))
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def _mismatched_collectives(rank, world_size):
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(4 if rank == 0 else 3))  # shapes differ between the ranks
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def test_diagnose_real_gloo_timeout_between_two_processes():
-    runs = run_torchrun(
-        "mgpu_helpers.troubleshoot", ["hang", "--timeout", "1"], nproc_per_node=2, timeout=120
-    )
-    report = next(r for r in runs[0].results if r["rank"] == 0)
-    assert report["kind"] == "distributed_timeout"  # diagnosed inside the worker, on the real exception
-    assert report["waited_s"] >= 0.5  # it waited for the missing rank (a hang without the timeout)
-    d = diagnose(report["message"])
+    message, _ = launch(_skips_the_collective, 2, backend="gloo", collective_timeout_s=1.0, timeout_s=60)
+    d = diagnose(message)
     assert d.kind == "distributed_timeout" and d.details["waited"] == "1 s"
-    assert any(r.get("skipped_all_reduce") for r in runs[0].results)
+
+
+def test_diagnose_real_mismatched_collectives_under_distributed_debug_detail():
+    messages = launch(
+        _mismatched_collectives,
+        2,
+        backend="gloo",
+        collective_timeout_s=5.0,
+        timeout_s=60,
+        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+    )
+    detected = [m for m in messages if m and "Detected mismatch" in m]
+    assert detected, messages
+    d = diagnose(detected[0])
+    assert d.kind == "collective_mismatch" and any("same shapes" in s for s in d.next_steps)
 
 
 def test_diagnose_nccl_watchdog_message():
@@ -248,7 +249,7 @@ def test_diagnose_unknown_and_formatting():
     assert d.kind == "unknown" and d.evidence == "ValueError: my own bug"
     assert isinstance(d, Diagnosis) and KINDS[-1] == "unknown"
     assert set(KINDS) == {
-        "out_of_memory", "index_out_of_range", "device_mismatch", "dtype_mismatch",
+        "out_of_memory", "index_out_of_range", "device_mismatch", "dtype_mismatch", "collective_mismatch",
         "distributed_timeout", "unpicklable_target", "cuda_setup", "unknown",
     }  # fmt: skip
     text = str(diagnose(raised(lambda: torch.ones(2, 2) @ torch.ones(2, 2, dtype=torch.float64))))

@@ -45,7 +45,7 @@ def main() -> int:
     )
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     args = parser.parse_args()
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     for path in paths:
         print(f"{path.name}: {run(path.resolve()):.1f} s", flush=True)
     return 0

@@ -1,4 +1,4 @@
-"""Used by notebook 03 (data parallelism). ``nn.DataParallel`` over virtual devices; loader sweeps.
+"""Used by notebooks 03a and 03b (data parallelism). ``nn.DataParallel`` over virtual devices; loaders.
 
 Without two GPUs, ``torch.nn.parallel`` cannot be watched (it refuses CPU tensors, and ``nn.DataParallel``
 on a CPU just calls the module). This package rebuilds it with the same names and signatures over
@@ -14,22 +14,14 @@ gradients equal the real ones:
   are at least two, virtual devices otherwise)
 * :mod:`.plots` — :class:`PhaseTimer`, :func:`plot_phases`, :func:`plot_peak_comparison`,
   :func:`draw_data_parallel_flow` (matplotlib is imported only when drawing)
-* :mod:`.loaders` — :class:`SlowDataset` and measured ``DataLoader`` sweeps over ``num_workers``
+* :mod:`.loaders` — :class:`SlowDataset`, a dataset whose items cost a known time to load
 
 Usage: ``from mgpu_helpers import data_parallel as dp`` then ``dp.VirtualDataParallel(model, [0, 1])``.
 """
 
 from .comm import gather, parallel_apply, replicate, scatter, scatter_kwargs
 from .devices import chunk_sizes, current_device, device_name, to_device, virtual_device_of
-from .loaders import (
-    LoaderResult,
-    SlowDataset,
-    format_sweep,
-    measure_loader,
-    plot_sweep,
-    rule_of_thumb_workers,
-    sweep_loaders,
-)
+from .loaders import SlowDataset
 from .modules import (
     Backend,
     DataParallelCriterion,
@@ -44,7 +36,6 @@ __all__ = [
     "Backend",
     "DataParallelCriterion",
     "DataParallelModel",
-    "LoaderResult",
     "PhaseTimer",
     "SlowDataset",
     "VirtualDataParallel",
@@ -54,18 +45,13 @@ __all__ = [
     "current_device",
     "device_name",
     "draw_data_parallel_flow",
-    "format_sweep",
     "gather",
-    "measure_loader",
     "parallel_apply",
     "plot_peak_comparison",
     "plot_phases",
-    "plot_sweep",
     "replicate",
-    "rule_of_thumb_workers",
     "scatter",
     "scatter_kwargs",
-    "sweep_loaders",
     "to_device",
     "virtual_device_of",
 ]

@@ -1,4 +1,4 @@
-"""Used by notebook 03 (data parallelism). ``replicate``, ``scatter``, ``parallel_apply``, ``gather``.
+"""Used by notebooks 03a and 03b: ``replicate``, ``scatter``, ``parallel_apply``, ``gather``, virtually.
 
 PyTorch's ``nn.DataParallel`` does four things per forward pass — **replicate** the module onto every
 device, **scatter** the batch into chunks, **parallel_apply** the replicas in threads, **gather** the

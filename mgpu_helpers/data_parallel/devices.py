@@ -1,4 +1,4 @@
-"""Used by notebook 03 (data parallelism). Virtual device names, moving tensors between them, chunk sizes.
+"""Used by notebooks 03a and 03b (data parallelism). Virtual device names, moving tensors, chunk sizes.
 
 A *virtual device* is a name such as ``"vcuda:1"`` that exists only for memory accounting
 (:func:`mgpu_helpers.memory.virtual_device`): a tensor allocated inside ``virtual_device("vcuda:1")``

@@ -1,4 +1,4 @@
-"""Used by notebook 03 (data parallelism). ``nn.DataParallel`` over virtual devices, a parallel loss, and
+"""Used by notebooks 03a and 03b. ``nn.DataParallel`` over virtual devices, a parallel loss, and
 :func:`backend`, which picks real GPUs or virtual devices for the notebook.
 
 ==================================  =====================================================================

@@ -1,4 +1,4 @@
-"""Used by notebook 03 (data parallelism). Phase timelines, peak-memory comparisons, the DataParallel flow.
+"""Used by notebooks 03a (the DataParallel flow) and 03b (phase timelines, peak-memory comparisons).
 
 :class:`PhaseTimer` records named phases of one step (and :func:`~.comm.parallel_apply`'s per-thread
 timings) as ``(label, lane, start, end)`` rows; :func:`plot_phases` draws them as a Gantt chart.

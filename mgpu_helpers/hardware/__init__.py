@@ -1,4 +1,5 @@
-"""Used by notebooks 00, 01, 02, 03, 04, 05 and 07 (06 through the tuning helpers), by
+"""Used by notebooks 00, 01, 02a, 02b, 03b, 04a, 04b, 05a, 05b, 07a and 07b (the others through the
+tuning and data-parallel helpers), by
 ``python -m mgpu_helpers``, the launchers and the benchmarks.
 Describe the machine a notebook runs on (CPU, RAM and the NVIDIA GPUs, if any) and choose the
 distributed backend for it.

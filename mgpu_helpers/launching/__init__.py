@@ -1,11 +1,11 @@
-"""Used by notebooks 01, 02, 04, 05 and 07: starting processes for a job from a notebook.
+"""Used by notebooks 01, 02a, 02b, 04a, 04b, 05b and 07b: starting processes for a job from a notebook.
 
-* :func:`launch` (:mod:`~mgpu_helpers.launching.notebook`, notebooks 02, 04, 05) — run a function on N
-  processes and get each rank's return value back;
-* :func:`run_torchrun` (:mod:`~mgpu_helpers.launching.torchrun`, notebooks 01 and 07; 04 through
-  :func:`mgpu_helpers.ddp.run_c10d_job`) — real ``torchrun`` jobs, one or several simulated nodes;
-* ``python -m mgpu_helpers.launching.worker`` (:mod:`~mgpu_helpers.launching.worker`, notebook 01) —
-  the torchrun worker that reports each rank's identity;
+* :func:`launch` (:mod:`~mgpu_helpers.launching.notebook`, notebooks 02a, 02b, 04a, 04b, 05b, 07b and
+  the graders) — run a function on N processes and get each rank's return value back;
+* :func:`run_torchrun` (:mod:`~mgpu_helpers.launching.torchrun`, notebook 01 and grader 01.1) — real
+  ``torchrun`` jobs, one or several simulated nodes, static or c10d rendezvous;
+* ``python -m mgpu_helpers.launching.worker`` (:mod:`~mgpu_helpers.launching.worker`, the launcher
+  tests and a terminal) — a torchrun worker that reports each rank's identity;
 * :mod:`~mgpu_helpers.launching.agent`, :mod:`~mgpu_helpers.launching.loopback`,
   :mod:`~mgpu_helpers.launching.failures` — the torchrun agent wrapper, loopback-only stores, and
   failure reports.

@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 04 and 07 through :func:`mgpu_helpers.launching.run_torchrun`: the torchrun
+"""Used by notebook 01 through :func:`mgpu_helpers.launching.run_torchrun`: the torchrun
 agent it starts for each simulated node.
 
 ``python -m mgpu_helpers.launching.agent ARGS`` runs ``torchrun ARGS`` (``torch.distributed.run``)

@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 04 and 07 through :func:`mgpu_helpers.launching.run_torchrun`: turning a failed
+"""Used by notebook 01 through :func:`mgpu_helpers.launching.run_torchrun`: turning a failed
 torchrun node's output into a message that names the failing rank and quotes its traceback.
 
 When a worker fails, torchrun's agent prints a ``ChildFailedError`` table: per failed worker its global

@@ -1,5 +1,5 @@
-"""Used by notebooks 01, 02, 04, 05 and 07 (every ``launch`` and ``run_torchrun`` job): keeping a job
-on this machine on 127.0.0.1 — its rendezvous store and its collectives' sockets.
+"""Used by notebooks 01, 02a, 02b, 04a, 04b, 05b and 07b (every ``launch`` and ``run_torchrun`` job):
+keeping a job on this machine on 127.0.0.1 — its rendezvous store and its collectives' sockets.
 
 * **Stores.** A process group starts with a key-value store, :class:`torch.distributed.TCPStore`: one
   process hosts it, every rank connects to it. In torch 2.13 the server *ignores* ``host_name`` when

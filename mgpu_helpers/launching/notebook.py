@@ -1,5 +1,5 @@
-"""Used by notebooks 02, 04 and 05 (and by :mod:`mgpu_helpers.pipeline` and
-:func:`mgpu_helpers.ddp.measure_throughput`): run a function on N processes from a notebook and get each
+"""Used by notebooks 02a, 02b, 04a, 04b, 05b and 07b (and by :mod:`mgpu_helpers.pipeline` and the
+graders): run a function on N processes from a notebook and get each
 rank's return value back.
 
     from mgpu_helpers.launching import launch
@@ -268,7 +268,7 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``nprocs`` processes; return the results in rank order.
 
-    Used by notebooks 02, 04 and 05.
+    Used by notebooks 02a, 02b, 04a, 04b, 05b and 07b, and by the graders.
 
     Args:
         fn: the function each rank runs. With ``init_process_group=True`` (default) the default process

@@ -1,6 +1,5 @@
-"""Used by notebooks 01 (:mod:`~mgpu_helpers.launching.worker` on two simulated nodes) and 07 (a hung
-collective), and by 04 through :func:`mgpu_helpers.ddp.run_c10d_job`: real ``torchrun`` jobs — one or
-several "nodes" on this machine — started from a notebook and cleaned up.
+"""Used by notebook 01 (its ``whoami.py`` on two simulated nodes) and its grader 01.1: real ``torchrun``
+jobs — one or several "nodes" on this machine — started from a notebook and cleaned up.
 
 ``torchrun`` (``python -m torch.distributed.run``) is what people type on a cluster: one invocation per
 node, each starting ``--nproc-per-node`` worker processes and meeting the other nodes at
@@ -221,7 +220,7 @@ def run_torchrun(
 ) -> list[NodeRun]:
     """Start ``nnodes`` torchrun invocations on 127.0.0.1 that form one job, and wait for all of them.
 
-    Used by notebooks 01 and 07 (and 04 through :func:`mgpu_helpers.ddp.run_c10d_job`).
+    Used by notebook 01 and its grader 01.1.
 
     With ``rdzv="static"`` node k gets ``--node-rank=k``; with ``rdzv="c10d"`` every node runs the same
     command and the rendezvous numbers them (the workers' ``GROUP_RANK``; :class:`NodeRun`'s

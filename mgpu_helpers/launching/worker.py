@@ -1,4 +1,5 @@
-"""Used by notebook 01 (nodes and GPUs): a torchrun worker that reports who it is.
+"""Used by the launcher tests and from a terminal (notebook 01 writes its own version, ``whoami.py``, in
+a cell): a torchrun worker that reports who it is.
 
     torchrun --nproc-per-node=2 -m mgpu_helpers.launching.worker
 

@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 02, 03, 05 and 07 (and the data-parallel, pipeline and troubleshooting helpers):
+"""Used by notebooks 01, 03a, 03b, 05b and 07a (and the data-parallel, pipeline and troubleshooting helpers):
 memory by category — parameters, gradients, optimizer state, activations & other — measured exactly on
 any device, estimated analytically, plotted and shown live.
 

@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 02, 03, 05 and 07 through the memory tracker: which storages hold a tensor's
+"""Used by notebooks 01, 02b, 03b, 05b and 07a through the memory tracker: which storages hold a tensor's
 data, how the tracker remembers each one, and the replay of its event log under final roles.
 
 Private to :mod:`mgpu_helpers.memory`.

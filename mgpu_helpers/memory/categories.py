@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 02, 03, 05 and 07 (through the tracker, the estimator, the plots and the panel):
+"""Used by notebooks 01, 02b, 03b, 05b and 07a (through the tracker, the estimator, the plots and the panel):
 the four memory categories every number in the course is split into, their human names, one timeline
 sample, and :func:`format_bytes`.
 

@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 02, 05 and 07 (and the troubleshooting helpers): the course's one analytic
+"""Used by notebooks 01, 02b, 05b and 07a (and the troubleshooting helpers): the course's one analytic
 memory estimator — parameters, gradients, optimizer state and (optionally) activations — with one set of
 byte rules and one result type, :class:`MemoryPrediction`.
 

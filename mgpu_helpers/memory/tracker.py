@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 02, 03, 05 and 07 (and the data-parallel, pipeline and troubleshooting helpers):
+"""Used by notebooks 01, 02b, 03b, 05b and 07a (and the data-parallel, pipeline and troubleshooting helpers):
 :class:`MemoryTracker`, device-agnostic memory accounting for training loops.
 
 It counts the bytes of every live tensor storage, split into four categories — parameters, gradients,

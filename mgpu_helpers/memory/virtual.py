@@ -1,4 +1,5 @@
-"""Used by notebook 03 (nn.DataParallel on virtual devices, through :mod:`mgpu_helpers.data_parallel`):
+"""Used by notebooks 03a and 03b (nn.DataParallel on virtual devices, through
+:mod:`mgpu_helpers.data_parallel`):
 *virtual* devices, i.e. several GPUs simulated on one CPU for the memory tracker.
 
 Inside ``with virtual_device("cuda:1"):`` every storage this thread allocates is counted by the active

@@ -1,4 +1,4 @@
-"""Used by notebooks 01 and 07 (:class:`MemoryWidget`, a live memory panel for training loops) and 05
+"""Used by notebooks 01 and 07a (:class:`MemoryWidget`, a live memory panel for training loops) and 05b
 (:func:`predictor_form`, a form around :func:`~mgpu_helpers.memory.predict_memory`).
 
 Both are built from core ipywidgets only, so they work on ipywidgets 7.7 (Colab) and 8; ipywidgets and

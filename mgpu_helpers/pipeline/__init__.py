@@ -1,9 +1,11 @@
-"""Used by notebook 02 (model parallel and pipelining) and ``benchmarks/pipeline.py``. Pipeline
-parallelism: schedules simulated, stages run as real processes, timelines measured and drawn.
+"""Used by notebooks 02a (model parallel by hand) and 02b (torch.distributed.pipelining), their graders,
+and ``benchmarks/pipeline.py``. Pipeline parallelism: schedules simulated, stages run as real processes,
+timelines measured and drawn.
 
 * :mod:`.schedules` — the simulator (pure Python): :func:`stage_order`, :func:`simulate`,
   :class:`ScheduleResult`, :class:`Task`, :class:`StageTimes`, and the bubble formulas
   :func:`gpipe_bubble`, :func:`bubble_relative_to_ideal`, :func:`pipeline_speedup`
+* :mod:`.orders` — any hand-written per-stage orders: :func:`simulate_orders`, :func:`peaks_in_flight`
 * :mod:`.schedule_plots` — Gantt charts: :func:`plot_gantt`, :func:`plot_schedule`
 * :mod:`.simulator_widget` — :class:`ScheduleSimulator` (core ipywidgets; a static PNG when headless)
 * :mod:`.stages` — one stage in a process: :func:`stage_device`, :class:`StageRecorder`,
@@ -15,6 +17,7 @@ parallelism: schedules simulated, stages run as real processes, timelines measur
 matplotlib and ipywidgets are imported only when something is drawn or a widget is made.
 """
 
+from .orders import peaks_in_flight, simulate_orders
 from .plots import draw_alexnet_split, plot_activation_traces, plot_sweep, plot_timeline
 from .runner import PipelineRun, PipelineSpec, pipeline_worker, run_pipeline
 from .schedule_plots import plot_gantt, plot_schedule
@@ -50,6 +53,7 @@ __all__ = [
     "gpipe_bubble",
     "make_batch",
     "make_stages",
+    "peaks_in_flight",
     "pipeline_speedup",
     "pipeline_worker",
     "plot_activation_traces",
@@ -60,6 +64,7 @@ __all__ = [
     "run_order",
     "run_pipeline",
     "simulate",
+    "simulate_orders",
     "stage_device",
     "stage_order",
 ]

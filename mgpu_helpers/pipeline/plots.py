@@ -1,6 +1,8 @@
-"""Used by notebook 02 (model parallel and pipelining). Pictures of measured pipelines: a timeline as a
-Gantt chart, a micro-batch sweep against the theory, activations held per stage, and AlexNet's split
-over two GPUs. matplotlib is imported only when drawing; every function returns its axes or figure.
+"""Used by notebook 02a (:func:`plot_timeline`, :func:`draw_alexnet_split`); :func:`plot_sweep` and
+:func:`plot_activation_traces` draw :func:`~mgpu_helpers.pipeline.run_pipeline` results for scripts.
+Pictures of measured pipelines: a timeline as a Gantt chart, a micro-batch sweep against the theory,
+activations held per stage, and AlexNet's split over two GPUs. matplotlib is imported only when
+drawing; every function returns its axes or figure.
 """
 
 from __future__ import annotations

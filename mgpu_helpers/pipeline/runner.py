@@ -1,5 +1,6 @@
-"""Used by notebook 02 (model parallel and pipelining) and ``benchmarks/pipeline.py``. A whole pipeline
-experiment — several schedules and micro-batch counts, repeated — on real stage processes in one launch.
+"""Used by ``benchmarks/pipeline.py`` (the longer version of notebook 02a §4's measurement; the notebooks
+write their stage loops in cells). A whole pipeline experiment — several schedules and micro-batch
+counts, repeated — on real stage processes in one launch.
 
 :func:`run_pipeline` starts one process per stage (:func:`mgpu_helpers.launching.launch`: gloo on CPUs,
 NCCL when every stage has a GPU); each runs :func:`pipeline_worker`, which times every (schedule, m) of
@@ -22,17 +23,20 @@ from .stages import StageRecorder, StageStep, Timeline, make_batch, make_stages,
 
 __all__ = ["PipelineRun", "PipelineSpec", "pipeline_worker", "run_pipeline"]
 
-#: Schedules real stages can run (one model piece per process: no interleaving).
-_RUNNABLE = ("naive", "gpipe", "1f1b")
+#: Schedules real stages can run (one model piece per process: no interleaving). "sequential" runs the
+#: same micro-batches as GPipe one at a time through all stages (F then B of micro-batch 0, then of 1, …):
+#: the like-with-like baseline for GPipe's speed-up.
+_RUNNABLE = ("naive", "sequential", "gpipe", "1f1b")
 
 
 @dataclass
 class PipelineSpec:
     """What :func:`pipeline_worker` runs: a model, a batch, and a list of (schedule, m) to time.
 
-    ``schedule`` is ``"gpipe"`` or ``"1f1b"`` (``"naive"`` is GPipe with ``m = 1``); every ``m`` must
+    ``schedule`` is ``"gpipe"``, ``"1f1b"`` or ``"sequential"`` (the same ``m`` micro-batches one at a
+    time, no overlap); ``"naive"`` is GPipe with ``m = 1``. Every ``m`` must
     split ``batch`` into equal micro-batches. Each run is repeated ``repeats`` times (after ``warmup``
-    untimed steps) and the fastest step is kept; runs are interleaved round-robin so that a change in
+    untimed steps) and the median step is kept; runs are interleaved round-robin so that a change in
     machine load affects them alike.
     """
 
@@ -127,7 +131,7 @@ class PipelineRun:
 def pipeline_worker(rank: int, world_size: int, spec: PipelineSpec) -> list[dict[str, Any]]:
     """Stage process body for :func:`run_pipeline`: build this rank's stage, run every (schedule, m).
 
-    Returns, per run, this stage's fastest timed step (tasks, losses, peak in-flight micro-batches,
+    Returns, per run, this stage's median timed step (tasks, losses, peak in-flight micro-batches,
     activation bytes when tracked, and parameter gradients when asked).
     """
     if not isinstance(spec, PipelineSpec):
@@ -137,11 +141,14 @@ def pipeline_worker(rank: int, world_size: int, spec: PipelineSpec) -> list[dict
     module = make_stages(world_size, spec.width, spec.layers_per_stage, spec.out_features, spec.seed)[rank]
     module = module.to(device)
     x, y = make_batch(spec.batch, spec.width, spec.out_features, spec.seed + 1)
-    best: dict[int, tuple[float, StageStep, dict[str, torch.Tensor] | None]] = {}
+    timed: dict[int, list[tuple[float, StageStep, dict[str, torch.Tensor] | None]]] = {}
     recorder = StageRecorder(rank, device)
     for rep in range(spec.warmup + spec.repeats):
         for i, (schedule, m) in enumerate(spec.runs):
-            order = stage_order("gpipe" if schedule == "naive" else schedule, rank, world_size, m)
+            if schedule == "sequential":
+                order = [(kind, mb, 0) for mb in range(m) for kind in "FB"]
+            else:
+                order = stage_order("gpipe" if schedule == "naive" else schedule, rank, world_size, m)
             xs, ys = list(x.chunk(m)), list(y.chunk(m))
             tracker = None
             if spec.track_memory:
@@ -153,19 +160,22 @@ def pipeline_worker(rank: int, world_size: int, spec: PipelineSpec) -> list[dict
             step = run_order(module, order, rank, world_size, xs, ys, recorder=recorder, tracker=tracker)
             if tracker is not None:
                 tracker.close()
-            # every stage must agree on which repetition was fastest: take the slowest stage's end
+            # every stage must agree on which repetition is the median: take the slowest stage's end
             end = torch.tensor([max(t.end for t in step.tasks)], device=device)  # NCCL needs it on the GPU
             dist.all_reduce(end, op=dist.ReduceOp.MAX)
             if rep < spec.warmup:
                 continue
-            if i not in best or end.item() < best[i][0]:
-                grads = None
-                if spec.return_grads:
-                    grads = {
-                        f"{rank}.{n}": p.grad.detach().cpu().clone() for n, p in module.named_parameters()
-                    }
-                best[i] = (end.item(), step, grads)
-    return [{"makespan": best[i][0], "step": best[i][1], "grads": best[i][2]} for i in range(len(spec.runs))]
+            grads = None
+            if spec.return_grads:
+                grads = {f"{rank}.{n}": p.grad.detach().cpu().clone() for n, p in module.named_parameters()}
+            timed.setdefault(i, []).append((end.item(), step, grads))
+    out = []
+    for i in range(len(spec.runs)):
+        # the same sort on every stage (ties broken by repetition), so all stages keep the same step
+        ranked = sorted(range(len(timed[i])), key=lambda k: (timed[i][k][0], k))
+        end, step, grads = timed[i][ranked[(len(ranked) - 1) // 2]]
+        out.append({"makespan": end, "step": step, "grads": grads})
+    return out
 
 
 def run_pipeline(spec: PipelineSpec, stages: int = 2, *, timeout_s: float = 300.0) -> list[PipelineRun]:
@@ -201,7 +211,8 @@ def run_pipeline(spec: PipelineSpec, stages: int = 2, *, timeout_s: float = 300.
             grads = {}
             for r in range(stages):
                 grads.update(per_rank[r][i]["grads"])
-        label = "naive split" if schedule == "naive" else f"{SCHEDULES[schedule]}, m={m}"
+        name = {"naive": "naive split", "sequential": "sequential"}.get(schedule, SCHEDULES.get(schedule))
+        label = name if schedule == "naive" else f"{name}, m={m}"
         runs.append(
             PipelineRun(
                 schedule=schedule,

@@ -1,4 +1,5 @@
-"""Used by notebook 02 (model parallel and pipelining). Gantt charts of pipeline schedules, simulated
+"""Used by notebooks 02a (through :func:`~mgpu_helpers.pipeline.plot_timeline`) and 02b
+(:func:`plot_schedule` in §3, and the simulator widget). Gantt charts of pipeline schedules, simulated
 (:func:`plot_schedule`) or measured (:func:`plot_gantt` of any list of tasks).
 
 One row per stage, a bar per forward (blue) and backward (orange) pass; white space is the *bubble*.

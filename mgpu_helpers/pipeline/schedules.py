@@ -1,5 +1,7 @@
-"""Used by notebook 02 (model parallel and pipelining) and ``benchmarks/pipeline.py``. Pipeline schedules,
-simulated: GPipe, 1F1B and interleaved 1F1B on ``p`` stages with ``m`` micro-batches.
+"""Used by notebook 02b (``stage_order`` in §1, the simulator of §3, the 1F1B exercise's grader), by
+:mod:`.runner` and ``benchmarks/pipeline.py`` (02a writes its orders and bubble formula in cells).
+Pipeline schedules, simulated: GPipe, 1F1B and interleaved 1F1B on ``p`` stages with ``m``
+micro-batches (any per-stage orders: :mod:`.orders`).
 
 Pure Python (drawing lives in :mod:`.schedule_plots`). The simulator answers the questions a pipeline
 schedule is judged by — how long is a step, how much of it is *bubble* (idle time), and how many
@@ -324,6 +326,15 @@ def simulate(
     backward = real("backward (cost of one backward pass)", backward, 0, open_low=True)
     comm = real("comm (time to hand data to the next stage)", comm, 0)
     orders = [stage_order(schedule, s, p, m, v) for s in range(p)]
+    tasks = _run(orders, v, forward, backward, comm, schedule)
+    return ScheduleResult(schedule, p, m, v, forward, backward, tasks)
+
+
+def _run(
+    orders: Sequence[Sequence[Action]], v: int, forward: float, backward: float, comm: float, name: str
+) -> list[Task]:
+    """Run per-device orders on idealised devices: each action as early as its input allows."""
+    p = len(orders)
     stages_total = p * v  # virtual stages: chunk c of device d is virtual stage c·p + d
     cost = {"F": forward / v, "B": backward / v}
     done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, microbatch) -> end time
@@ -364,5 +375,5 @@ def simulate(
                 progressed = True
         if not progressed:
             waiting = {d: orders[d][nxt[d]] for d in range(p) if nxt[d] < len(orders[d])}
-            raise RuntimeError(f"schedule {schedule!r} deadlocks: every stage waits; next actions {waiting}")
-    return ScheduleResult(schedule, p, m, v, forward, backward, tasks)
+            raise RuntimeError(f"schedule {name!r} deadlocks: every stage waits; next actions {waiting}")
+    return tasks

@@ -1,4 +1,4 @@
-"""Used by notebook 02 (model parallel and pipelining). :class:`ScheduleSimulator`: sliders for a
+"""Used by notebook 02b (§3, the schedule simulator). :class:`ScheduleSimulator`: sliders for a
 pipeline schedule, its Gantt chart and its bubble, from core ipywidgets (7.7 on Colab, and 8)."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Used by notebook 02 (model parallel and pipelining). Pipeline stages as real processes: the split
-model, its data, timed passes, and one training step of one stage in a given schedule's order.
+"""Used by notebooks 02a (``StageRecorder``, ``Timeline``, ``make_stages``, ``make_batch``,
+``stage_device``: its stage loops are written in cells) and 02b (the split model and its data), by their
+graders (``run_order`` runs 02b.1's hand-written orders) and by :mod:`.runner`. Pipeline stages as real
+processes: the split model, its data, timed passes, and one training step of one stage in a given order.
 
 Each stage of a split model runs in its own process (see :mod:`.runner`), pinned to one thread so that
 two stages really run at the same time on two CPU cores, and hands activations forward and gradients

@@ -1,5 +1,6 @@
-"""Used by notebook 07 (troubleshooting). Reproduce out-of-memory errors safely, find the largest batch
-that fits, spot leaks, name an error.
+"""Used by notebooks 07a (memory problems) and 07b (errors and hangs), and by their graders: the plumbing
+around the lessons, whose concept code (the OOM reproduction, the batch-size search, the hangs) is written
+in the notebooks themselves.
 
 Every OOM in the course happens inside a fence, so that it cannot take the notebook kernel down:
 
@@ -10,45 +11,32 @@ Every OOM in the course happens inside a fence, so that it cannot take the noteb
 On top of that:
 
 * :mod:`.memory_state` — :func:`process_rss`, :func:`memory_snapshot`, :func:`free_memory`;
-* :mod:`.oom` — :func:`is_oom`, :class:`TrainingStep`, :func:`reproduce_oom` (fail, recover, fit);
-* :mod:`.batch_size` — :func:`search_max_batch_size` (grow ×2, then bisect), :func:`find_max_batch_size`
-  (that search on a real training step, under a fence), :class:`BatchSizeSearch`, :class:`Probe`;
+* :mod:`.oom` — :func:`is_oom`: does an exception mean "an allocation failed"?
 * :mod:`.leaks` — :func:`memory_growth`, :class:`MemoryGrowth`: does memory grow step after step?
 * :mod:`.diagnose` — :func:`diagnose` turns an exception or error text into a :class:`Diagnosis`
-  (:data:`KINDS`);
-* :mod:`.hang` — :func:`hang_worker`: ``python -m mgpu_helpers.troubleshoot hang --timeout 2`` under
-  torchrun is a two-rank job in which rank 1 never joins rank 0's ``all_reduce``.
+  (:data:`KINDS`); its table of patterns and advice is :mod:`._rules`.
 
 matplotlib and psutil are imported only when used.
 """
 
-from .batch_size import BatchSizeSearch, Probe, find_max_batch_size, search_max_batch_size
 from .capped_child import ChildResult, run_with_memory_limit
 from .cuda_cap import cuda_memory_cap
 from .diagnose import KINDS, Diagnosis, diagnose
-from .hang import hang_worker
 from .leaks import MemoryGrowth, memory_growth
 from .memory_state import free_memory, memory_snapshot, process_rss
-from .oom import TrainingStep, is_oom, reproduce_oom
+from .oom import is_oom
 
 __all__ = [
     "KINDS",
-    "BatchSizeSearch",
     "ChildResult",
     "Diagnosis",
     "MemoryGrowth",
-    "Probe",
-    "TrainingStep",
     "cuda_memory_cap",
     "diagnose",
-    "find_max_batch_size",
     "free_memory",
-    "hang_worker",
     "is_oom",
     "memory_growth",
     "memory_snapshot",
     "process_rss",
-    "reproduce_oom",
     "run_with_memory_limit",
-    "search_max_batch_size",
 ]

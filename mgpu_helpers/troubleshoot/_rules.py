@@ -1,4 +1,4 @@
-"""Used by notebook 07 (troubleshooting), §5–§7, through :func:`~mgpu_helpers.troubleshoot.diagnose`:
+"""Used by notebook 07b (errors and hangs), §5, through :func:`~mgpu_helpers.troubleshoot.diagnose`:
 the table of error kinds it recognises — message patterns, a title, what it means, next steps.
 
 Rules are tried in order and the first whose pattern matches wins (a device-side assert is reported
@@ -53,8 +53,8 @@ _RULES: tuple[_Rule, ...] = (
         "An allocation failed: the step needs more memory than the device has free right now. The line in "
         "the traceback is only where the last allocation happened, not what filled the memory.",
         (
-            "Halve the batch size (down to 1 to see whether the model fits at all); find_max_batch_size "
-            "finds the largest that fits.",
+            "Halve the batch size (down to 1 to see whether the model fits at all); a grow-then-bisect "
+            "search (notebook 07a §3) finds the largest that fits.",
             "Clean up before retrying: drop references (del; keep the message, not the exception), "
             "gc.collect(), torch.cuda.empty_cache(); check memory is back at its baseline.",
             "If memory grows every step, look for tensors kept across steps: total += loss -> loss.item(); "
@@ -101,6 +101,24 @@ _RULES: tuple[_Rule, ...] = (
             "torch.from_numpy(a).float() for NumPy data.",
             "Class labels must be int64: y.long().",
             "For mixed precision let torch.autocast choose the dtypes instead of calling .half() on parts.",
+        ),
+    ),
+    _Rule(
+        "collective_mismatch",
+        (
+            r"Detected mismatch between collectives",
+            r"CollectiveFingerPrint",
+        ),
+        "Ranks called different collectives (or the same one with different shapes or dtypes)",
+        "With TORCH_DISTRIBUTED_DEBUG=DETAIL every collective first compares a fingerprint across the ranks "
+        "(kind, sequence number, shapes, dtypes); here they disagreed. Without DETAIL the same bug hangs "
+        "until the timeout, or corrupts data when only the shapes differ.",
+        (
+            "Read both fingerprints in the message: which op, which shapes, on which rank.",
+            "Make every rank call the same collectives in the same order with the same shapes: no "
+            "rank-dependent `if` around a collective; reduce per-rank statistics of a fixed shape (e.g. "
+            "[sum, count]) instead of one tensor per batch.",
+            "Keep DETAIL for debugging only: the check costs an extra exchange per collective.",
         ),
     ),
     _Rule(

@@ -1,4 +1,4 @@
-"""Used by notebook 07 (troubleshooting), §2 and §3: the CPU fence for out-of-memory demos.
+"""Used by notebook 07a (memory problems), §2 and §3: the CPU fence for out-of-memory demos.
 
 Running out of memory in a notebook can take the whole kernel down (the Linux OOM killer, Colab's
 "your session crashed"). :func:`run_with_memory_limit` runs a function in a fresh child process whose

@@ -1,4 +1,4 @@
-"""Used by notebook 07 (troubleshooting), §2 and §3 on a GPU: the GPU fence for out-of-memory demos.
+"""Used by notebook 07a (memory problems), §2 and §3 on a GPU: the GPU fence for out-of-memory demos.
 
 :func:`cuda_memory_cap` lowers ``torch.cuda.set_per_process_memory_fraction`` for a block, so
 ``torch.OutOfMemoryError`` comes long before the card is full, and restores it afterwards. The CPU

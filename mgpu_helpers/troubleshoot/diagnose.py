@@ -1,9 +1,10 @@
-"""Used by notebook 07 (troubleshooting), §5–§7: name an error and say what to do next.
+"""Used by notebook 07b (errors and hangs), §3 and §5, and its grader of exercise 07b.1: name an error
+and say what to do next.
 
 :func:`diagnose` turns a caught exception (or an error text, e.g. a worker's stderr) into a short
 :class:`Diagnosis`: out of memory, device or dtype mismatch, index out of range / device-side assert,
-a distributed timeout, an unpicklable spawn target, CUDA setup problems — or "unknown" with general
-advice. The patterns and advice live in :mod:`._rules`.
+a distributed timeout or mismatched collectives, an unpicklable spawn target, CUDA setup problems — or
+"unknown" with general advice. The patterns and advice live in :mod:`._rules`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Used by notebook 07 (troubleshooting), §4: does memory keep growing from step to step (a leak)?
+"""Used by notebook 07a (memory problems), §4, and its grader of exercise 07a.1: does memory keep
+growing from step to step (a leak)?
 
 :func:`memory_growth` fits a straight line through one memory reading per step (e.g. a
 ``MemoryTracker``'s ``mark(...).total``) and says whether it rises: the classic leak is

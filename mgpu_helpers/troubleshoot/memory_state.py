@@ -1,4 +1,5 @@
-"""Used by notebook 07 (troubleshooting), §1–§4: read and free memory on the host and on a GPU.
+"""Used by notebook 07a (memory problems), §1–§4 and its ``oom_demo`` module: read and free memory on
+the host and on a GPU.
 
 * :func:`process_rss` — this process's resident host memory (psutil);
 * :func:`memory_snapshot` — every counter that applies to a device: RSS, and on CUDA PyTorch's

@@ -1,6 +1,7 @@
-"""Used by notebook 06 (hyperparameter tuning) and ``benchmarks/tuning.py``: Ray Tune, studies, plots.
+"""Used by notebooks 06a (search methods) and 06b (Ray Tune and ASHA), and ``benchmarks/tuning.py``: the toy
+task, Ray on loopback, studies, plots.
 
-The notebook writes ``from mgpu_helpers import tuning`` and ``tuning.<name>``.
+The notebooks write ``from mgpu_helpers import tuning`` and ``tuning.<name>``.
 
 * :mod:`.task` — :class:`ToyTask`, :func:`build_model`, :class:`TrialRun`, :func:`train_locally`
   (one trial's training, no Ray);
@@ -9,7 +10,8 @@ The notebook writes ``from mgpu_helpers import tuning`` and ``tuning.<name>``.
 * :mod:`.ray_local` — Ray on 127.0.0.1 inside this process (:func:`local_ray`), :func:`quiet_logs`,
   :func:`ray_processes`;
 * :mod:`.cluster` — :class:`LocalRayCluster`, a real ``ray start --head`` owned by this process;
-* :mod:`.studies` — equal-budget studies with Optuna (:func:`run_study`, :func:`compare_methods`);
+* :mod:`.studies` — equal-budget studies of five methods with Optuna (``benchmarks/tuning.py``);
+* :mod:`.regimes` — when ASHA pays: :data:`REGIMES` and the search loop of notebook 06b, section 3;
 * :mod:`.plots` — :func:`epoch_progress`, :func:`results_table` and the notebook's plots.
 
 Ray, Ray Tune, Optuna and pandas are the optional ``tune`` extra (``pip install "mgpu-course[tune]"``);
@@ -26,6 +28,7 @@ from .plots import (
     results_table,
 )
 from .ray_local import local_ray, quiet_logs, ray_processes
+from .regimes import REGIMES, Regime, SearchResult, asha_gain, sample_config, search
 from .studies import (
     METHODS,
     Comparison,
@@ -50,6 +53,12 @@ __all__ = [
     "DIVERGED_LOSS",
     "LR_RANGE",
     "METHODS",
+    "REGIMES",
+    "Regime",
+    "SearchResult",
+    "asha_gain",
+    "sample_config",
+    "search",
     "NOTES_BATCH_SIZES",
     "WIDTHS",
     "Comparison",

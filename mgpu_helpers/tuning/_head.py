@@ -1,4 +1,4 @@
-"""Used by notebook 06 (hyperparameter tuning) through :class:`~mgpu_helpers.tuning.LocalRayCluster`:
+"""Used by notebook 06b (Ray Tune and ASHA) through :class:`~mgpu_helpers.tuning.LocalRayCluster`:
 the processes and folder of one ``ray start --head``, how to stop them, and which heads run.
 
 Kept apart from the cluster object so that a ``weakref.finalize`` can stop a head when its

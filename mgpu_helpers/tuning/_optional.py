@@ -1,4 +1,4 @@
-"""Used by notebook 06 (hyperparameter tuning), through every module of :mod:`mgpu_helpers.tuning`.
+"""Used by notebooks 06a and 06b, through every module of :mod:`mgpu_helpers.tuning`.
 
 Ray, Ray Tune, Optuna and pandas are the package's optional ``tune`` extra: the modules here import
 them only inside the functions that need them, through :func:`require`, whose error says how to
@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-#: How to get the optional dependencies of notebook 06.
+#: How to get the optional dependencies of notebooks 06a and 06b.
 INSTALL_HINT = 'pip install "mgpu-course[tune]"  (or: pip install "ray[tune]" optuna pandas)'
 
 
@@ -27,7 +27,7 @@ def require(module: str, needed_for: str = "this function") -> ModuleType:
         missing = getattr(exc, "name", None) or module.split(".")[0]
         raise ModuleNotFoundError(
             f"{needed_for} needs {missing!r}, which cannot be imported here ({exc}). "
-            f"Install notebook 06's extra: {INSTALL_HINT}",
+            f"Install notebooks 06a/06b's extra: {INSTALL_HINT}",
             name=missing,
         ) from exc
 
@@ -41,6 +41,6 @@ def require_installed(module: str, needed_for: str) -> None:
     if not found:
         raise ModuleNotFoundError(
             f"{needed_for} needs {module!r}, which is not installed here. "
-            f"Install notebook 06's extra: {INSTALL_HINT}",
+            f"Install notebooks 06a/06b's extra: {INSTALL_HINT}",
             name=module,
         )

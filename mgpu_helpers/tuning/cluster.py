@@ -1,4 +1,4 @@
-"""Used by notebook 06 (hyperparameter tuning), sections 3 and 6: a real Ray cluster head on 127.0.0.1.
+"""Used by notebook 06b (Ray Tune and ASHA), sections 1 and 4: a real Ray cluster head on 127.0.0.1.
 
 :class:`LocalRayCluster` runs ``ray start --head --block`` as a child process that this Python
 process owns and stops by process id (plain ``ray stop`` would stop every Ray instance of this user:

@@ -1,4 +1,5 @@
-"""Used by notebook 06 (hyperparameter tuning), sections 2–5: progress, tables and plots.
+"""Used by notebooks 06a (section 2: the grid-vs-random picture) and 06b (learning curves), and by tests:
+progress, tables and plots.
 
 :func:`epoch_progress` (a tqdm bar as a Ray Tune callback), :func:`results_table` (a ``ResultGrid``
 as a DataFrame), :func:`plot_learning_curves` (coloured by the ASHA rung where a trial stopped),
@@ -21,7 +22,7 @@ from .._checks import real, sizes, text, whole
 from ._optional import require
 from .studies import Comparison
 
-#: One colour per method, the same in every plot of notebook 06.
+#: One colour per method, the same in every plot.
 _METHOD_COLORS: dict[str, str] = {
     "grid": "#8C8C8C",
     "random": "#4C72B0",

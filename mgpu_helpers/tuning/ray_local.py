@@ -1,4 +1,7 @@
-"""Used by notebook 06 (hyperparameter tuning), sections 3, 4, 6 and 7: Ray on this machine only.
+"""Used by notebook 06b (Ray Tune and ASHA), through :class:`~mgpu_helpers.tuning.LocalRayCluster` and
+the graders of its exercises: Ray on this machine only.
+
+The plumbing that notebook 06b leaves out lives here:
 
 * **One environment per Python process** — Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` into a
   module constant and the authentication token into a C++ cache. :func:`_use_session_environment`

@@ -1,4 +1,4 @@
-"""Used by notebook 06 (hyperparameter tuning), section 5, and by ``benchmarks/tuning.py``: equal budgets.
+"""Used by ``benchmarks/tuning.py`` (notebook 06a writes its own, smaller study loop in cells): equal budgets.
 
 :func:`run_study` / :func:`compare_methods`: grid, random, ASHA, TPE (Bayesian) and TPE+ASHA
 (BOHB-style), each given the same total number of training epochs, run in this process with

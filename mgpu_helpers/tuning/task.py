@@ -1,4 +1,4 @@
-"""Used by notebook 06 (hyperparameter tuning), sections 1, 3, 5 and 7: the toy task and one trial.
+"""Used by notebooks 06a (sections 1, 3, 4) and 06b (the trainable, section 3): the toy task and one trial.
 
 :class:`ToyTask` (Gaussian blobs from :func:`~mgpu_helpers.data.make_classification`),
 :func:`build_model` (the lecture notes' two-hidden-layer network), :class:`TrialRun` (one trial's

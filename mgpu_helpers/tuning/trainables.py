@@ -1,4 +1,6 @@
-"""Used by notebook 06 (hyperparameter tuning), sections 3, 4 and 7: what Ray Tune runs.
+"""Used by notebook 06b (ASHA's rungs, :func:`asha_milestones`) and by the tests of fault tolerance: what Ray
+Tune runs. Notebook 06b writes its own trainable in a cell; :func:`train_mlp` here adds checkpoints and
+simulated crashes.
 
 :func:`train_mlp`, a function trainable of ``config`` that reports every epoch with
 ``ray.tune.report({...})`` (``ray.train.report`` fails inside a Tune function since Ray 2.x split the

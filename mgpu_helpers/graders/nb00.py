@@ -1,0 +1,127 @@
+"""Used by notebook 00's exercises: ``pick_device()`` (00.1) and ``machine_report(nprocs)`` (00.2).
+
+Both graders call the student's function on this machine as it is, and then on machines it pretends
+to be: ``torch.cuda.is_available`` / ``torch.cuda.device_count`` (and, for 00.2,
+``torch.distributed.is_nccl_available``) are replaced for the duration of one call, so that a CPU-only
+laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are all checked on any machine. Nothing here
+touches a GPU: a pretend GPU exists only in those answers. The real machine's answers are compared with
+:mod:`mgpu_helpers.hardware` (``describe_node``, ``choose_backend``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+
+from ..exercises import Wrong, exercise
+from ..hardware import choose_backend, describe_node
+
+#: Pretend machines: (description, number of CUDA GPUs torch would see).
+_PRETEND = (
+    ("a CPU-only laptop", 0),
+    ("a 1-GPU Colab runtime", 1),
+    ("a 2-GPU Kaggle box", 2),
+    ("a 4-GPU server", 4),
+)
+
+
+@contextlib.contextmanager
+def _pretend_gpus(count: int) -> Iterator[None]:
+    """For the duration of the block, torch reports ``count`` CUDA GPUs (0: none, CUDA unavailable)."""
+    with (
+        mock.patch.object(torch.cuda, "is_available", lambda: count > 0),
+        mock.patch.object(torch.cuda, "device_count", lambda: count),
+        mock.patch.object(dist, "is_nccl_available", lambda: count > 0),
+    ):
+        yield
+
+
+def _call(fn: Callable[..., Any], where: str, *args: Any) -> Any:
+    """Call the student's function; a crash on a pretend machine becomes feedback naming that machine."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise Wrong(
+            f"on {where} your function raised {type(exc).__name__}: {exc}. It should only ask torch "
+            "what it can use (torch.cuda.is_available(), torch.cuda.device_count()), not use a GPU."
+        ) from exc
+
+
+def _device_ok(got: Any, gpus: int, where: str) -> None:
+    if not isinstance(got, torch.device):
+        raise Wrong(f"on {where} it returned {got!r} (a {type(got).__name__}), not a torch.device.")
+    if gpus == 0 and got.type != "cpu":
+        raise Wrong(f"on {where} (no usable CUDA GPU) it returned {got}, which that machine cannot use.")
+    if gpus > 0 and got.type != "cuda":
+        raise Wrong(f"on {where} ({gpus} CUDA GPU(s)) it returned {got}: the GPU was left unused.")
+    if gpus > 0 and got.index not in (None, 0):
+        raise Wrong(f"on {where} ({gpus} CUDA GPU(s)) it returned {got}, not the first GPU.")
+
+
+@exercise(
+    "00.1",
+    "pick the device",
+    hint="ask torch whether CUDA is usable; the answer is a torch.device: the first GPU, else the CPU",
+)
+def _grade_pick_device(pick_device: Callable[[], Any]) -> str:
+    real_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _device_ok(_call(pick_device, "this machine"), real_gpus, "this machine")
+    for where, gpus in _PRETEND:
+        with _pretend_gpus(gpus):
+            got = _call(pick_device, where)
+        _device_ok(got, gpus, where)
+    return f"right on this machine ({real_gpus} GPU(s)) and on pretend machines with 0, 1, 2 and 4 GPUs."
+
+
+def _cpu_counts() -> set[int]:
+    """Every honest answer to 'how many logical CPU cores': the machine's, and this process's share."""
+    counts = {n for n in (os.cpu_count(), describe_node().cpu_cores_logical) if n}
+    if hasattr(os, "sched_getaffinity"):
+        counts.add(len(os.sched_getaffinity(0)))
+    return counts
+
+
+def _report_ok(report: Any, nprocs: int, gpus: int, where: str, backend: str) -> None:
+    if not isinstance(report, dict) or not {"cpus", "gpus", "backend"} <= set(report):
+        raise Wrong(f"on {where} it returned {report!r}, not a dict with the keys 'cpus', 'gpus', 'backend'.")
+    if report["gpus"] != gpus:
+        raise Wrong(f"on {where} it reported {report['gpus']!r} GPUs; torch there can use {gpus}.")
+    if report["backend"] != backend:
+        raise Wrong(
+            f"on {where}, for {nprocs} process(es) it chose {report['backend']!r}; with {gpus} GPU(s) "
+            f"that job needs {backend!r}."
+        )
+
+
+@exercise(
+    "00.2",
+    "report the machine",
+    hint="count with os and torch.cuda; NCCL needs a GPU of its own for every process, gloo runs anywhere",
+)
+def _grade_machine_report(machine_report: Callable[[int], Any]) -> str:
+    info = describe_node()
+    cpus = _cpu_counts()
+    for nprocs in (1, 2):
+        report = _call(machine_report, "this machine", nprocs)
+        _report_ok(report, nprocs, info.gpu_count, "this machine", choose_backend(nprocs, info=info))
+        if report["cpus"] not in cpus:
+            raise Wrong(
+                f"it reported {report['cpus']!r} CPU cores; this machine has {max(cpus)} logical cores."
+            )
+    for where, gpus in _PRETEND:
+        for nprocs in (1, 2, 4):
+            with _pretend_gpus(gpus):
+                report = _call(machine_report, where, nprocs)
+            _report_ok(report, nprocs, gpus, where, "nccl" if gpus >= nprocs else "gloo")
+    return (
+        f"this machine: {info.gpu_count} GPU(s), backend as mgpu_helpers.hardware chooses it; and jobs of "
+        "1, 2 and 4 processes on pretend machines with 0, 1, 2 and 4 GPUs."
+    )

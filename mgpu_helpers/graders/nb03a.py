@@ -1,0 +1,240 @@
+"""Used by notebook 03a's exercises: ``nn.DataParallel``'s forward pass written by hand (03a.1) and a
+repaired DataParallel training loop whose model computes the loss itself (03a.2).
+
+Both run on the backend the notebook uses, :func:`mgpu_helpers.data_parallel.backend`: the real
+``torch.nn.parallel`` / ``nn.DataParallel`` with two or more GPUs (up to 4 of them), virtual devices
+otherwise (4 of them: real threads, chunks and copies, every tensor's device known to a tracker).
+
+03a.1 calls the student's ``data_parallel_forward(module, x, device_ids, output_device, dim)`` on a batch
+of 30 on 2 devices, a batch smaller than "two per device" (fewer chunks than devices), a subset of the
+devices with the output gathered on another one, and batch-second RNN input with ``dim=1``. It checks
+which devices the replicas ran on and what they received, where the output lives, and that outputs and
+gradients equal those of the unsplit model (float64).
+
+03a.2 trains a small float64 MLP for three steps with the student's ``train(model, batches, device_ids)``
+(batches of 12, 12 and 7 samples, so the last one splits unevenly) and compares every step's loss and
+the final weights with plain single-device training on the same batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..exercises import Wrong, exercise
+from ..memory import MemoryTracker
+
+_TIGHT = {"rtol": 1e-9, "atol": 1e-10}
+
+
+def _backend() -> tuple[Any, list[int]]:
+    """The notebook's backend and the device indices to use (up to 4)."""
+    from ..data_parallel import backend
+
+    b = backend()
+    return b, list(range(min(b.gpus, 4) if b.real else 4))
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a.detach().cpu(), b.detach().cpu(), **_TIGHT)
+
+
+class _Tagger(nn.Module):
+    """An RNN that tags every time step: (time, batch, 4) -> (time, batch, 3), batch second in and out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.RNN(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+# --- 03a.1: the forward pass by hand ----------------------------------------------------------------
+
+
+def _forward_case(
+    fn: Callable[..., Any],
+    b: Any,
+    model: nn.Module,
+    x: Tensor,
+    ids: list[int],
+    out_dev: int,
+    dim: int,
+    what: str,
+) -> None:
+    from ..data_parallel import chunk_sizes
+
+    torch.manual_seed(1)
+    expected = model(x)
+    weights = torch.randn_like(expected)
+    (expected * weights).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    seen: list[tuple[str, int]] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args: seen.append((b.where(args[0]), args[0].shape[dim]))
+    )
+    with b.home(0):
+        tracker = MemoryTracker(model)
+    try:
+        with tracker, warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # e.g. "RNN module weights are not part of single contiguous chunk"
+            out = fn(model, b.to(x, 0), ids, out_dev, dim)
+            if not isinstance(out, Tensor):
+                raise Wrong(
+                    f"{what}: data_parallel_forward returned {type(out).__name__}, not the output tensor."
+                )
+            where = b.where(out)
+            if out.requires_grad:
+                (out * weights.to(out.device)).sum().backward()
+    finally:
+        hook.remove()
+        tracker.close()
+
+    sizes = chunk_sizes(x.shape[dim], len(ids))
+    wanted = sorted((str(b.device(i)), n) for i, n in zip(ids, sizes, strict=False))
+    if sorted(seen) != wanted:
+        got = ", ".join(f"{n} on {d}" for d, n in sorted(seen)) or "nothing"
+        want = ", ".join(f"{n} on {d}" for d, n in wanted)
+        raise Wrong(
+            f"{what}: the model's copies received {got} (items along dim={dim}); "
+            f"nn.DataParallel would give {want}."
+        )
+    if out.shape != expected.shape:
+        raise Wrong(
+            f"{what}: the output has shape {tuple(out.shape)}, the unsplit model's {tuple(expected.shape)}."
+        )
+    if not _close(out, expected):
+        raise Wrong(f"{what}: the output differs from the unsplit model's (largest gap "
+                    f"{(out.detach().cpu() - expected.detach().cpu()).abs().max().item():.3g}).")  # fmt: skip
+    if where != str(b.device(out_dev)):
+        raise Wrong(f"{what}: the output lives on {where}, but output_device is {b.device(out_dev)}.")
+    for (name, p), g in zip(model.named_parameters(), grads, strict=True):
+        if p.grad is None:
+            raise Wrong(
+                f"{what}: after backward, {name} has no gradient: "
+                "the output is not connected to the model's weights."
+            )
+        if not _close(p.grad, g):
+            raise Wrong(f"{what}: the gradient of {name} differs from the unsplit model's.")
+    model.zero_grad(set_to_none=True)
+
+
+@exercise(
+    "03a.1",
+    "nn.DataParallel's forward by hand",
+    hint="the four calls of section 3, in the order nn.DataParallel makes them; a small batch can give "
+    "fewer chunks than devices, and dim and output_device are arguments, not constants.",
+)
+def grade_forward(data_parallel_forward: Callable[..., Any]) -> str:
+    """Run the student's forward pass on four cases; compare with the unsplit model."""
+    b, ids = _backend()
+    dev = b.device(0) if b.real else "cpu"
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)).double().to(dev)
+    n = len(ids)
+    cases = [
+        ("batch 30 on 2 devices", mlp, torch.randn(30, 5), ids[:2], ids[0], 0),
+        (f"batch {n + 1} on {n} devices, gathered on the last", mlp, torch.randn(n + 1, 5), ids, ids[-1], 0),
+    ]
+    if n >= 3:
+        cases.append(
+            (f"batch 9 on devices {[ids[0], ids[-1]]}", mlp, torch.randn(9, 5), [ids[0], ids[-1]], ids[0], 0)
+        )
+    tagger = _Tagger().double().to(dev)
+    cases.append(
+        (
+            "batch-second RNN input (time 7, batch 6) with dim=1",
+            tagger,
+            torch.randn(7, 6, 4),
+            ids[:2],
+            ids[0],
+            1,
+        )
+    )
+    for what, model, x, case_ids, out_dev, dim in cases:
+        _forward_case(data_parallel_forward, b, model, x.double().to(dev), case_ids, out_dev, dim, what)
+    return (
+        f"{len(cases)} cases on {b.kind} ({', '.join(c[0] for c in cases)}): replicas on the right devices, "
+        "output on output_device, outputs and gradients equal to the unsplit model's"
+    )
+
+
+# --- 03a.2: repair the training loop ------------------------------------------------------------------
+
+
+def _batches(dev: Any) -> list[tuple[Tensor, Tensor]]:
+    gen = torch.Generator().manual_seed(3)
+    return [
+        (
+            torch.randn(n, 5, generator=gen, dtype=torch.float64).to(dev),
+            torch.randint(0, 3, (n,), generator=gen).to(dev),
+        )
+        for n in (12, 12, 7)
+    ]
+
+
+@exercise(
+    "03a.2",
+    "repair a DataParallel training loop",
+    hint="compare each step's loss with the plain model's on the same batch; what does the gathered "
+    "vector hold, and how big is each device's chunk of the last batch?",
+)
+def grade_train(train: Callable[..., Any]) -> str:
+    """Train with the student's loop and with a plain loop; losses and final weights must agree."""
+    from ..data_parallel import chunk_sizes
+
+    b, ids = _backend()
+    dev = b.device(0) if b.real else "cpu"
+    torch.manual_seed(0)
+    start = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double().to(dev)
+    reference, student = copy.deepcopy(start), copy.deepcopy(start)
+    batches = _batches(dev)
+
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    expected = []
+    for x, y in batches:
+        loss = F.cross_entropy(reference(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(loss.item())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # real GPUs: "Was asked to gather along dimension 0, but ... scalars"
+        losses = train(student, batches, ids)
+    try:
+        losses = [float(v) for v in losses]
+    except (TypeError, ValueError):
+        raise Wrong(f"train should return one float per step, not {losses!r:.80}.") from None
+    if len(losses) != len(batches):
+        raise Wrong(f"train returned {len(losses)} losses for {len(batches)} batches: one per step.")
+    for step, ((x, _), got, want) in enumerate(zip(batches, losses, expected, strict=True), start=1):
+        if abs(got - want) > 1e-9 * max(1.0, abs(want)):
+            split = " + ".join(map(str, chunk_sizes(len(x), len(ids))))
+            raise Wrong(
+                f"step {step} (a batch of {len(x)}, split {split}): the recorded loss is {got:.6f}, but the "
+                f"plain model's loss on that batch is {want:.6f} ({got / want:.3f}×)."
+            )
+    for (name, p), q in zip(student.named_parameters(), reference.parameters(), strict=True):
+        if not _close(p, q):
+            raise Wrong(
+                f"the losses match, but after {len(batches)} steps {name} differs from single-device "
+                f"training by up to {(p.detach() - q.detach()).abs().max().item():.3g}: "
+                "the gradients were not the batch's."
+            )
+    return (
+        f"3 steps on {len(ids)} {b.kind} (batches of 12, 12 and 7) give the same losses and weights as "
+        "training on one device"
+    )

@@ -1,0 +1,238 @@
+"""Used by notebook 04a's exercises: a ring all-reduce from point-to-point messages (04a.1) and one DDP
+training step whose gradients equal one process on the whole batch (04a.2), each run on real gloo
+processes started with :func:`mgpu_helpers.launching.launch`.
+
+04a.1 runs the student's ``ring_all_reduce(tensor)`` on 3 ranks (so that a ring differs from "everybody
+sends to rank 0") on float64 tensors of an awkward length and of two dimensions, compares each result
+with ``dist.all_reduce`` on a copy, and counts the bytes each rank hands to ``send``/``isend`` (also
+inside ``batch_isend_irecv``): a ring sends about 2(N-1)/N times the tensor per rank.
+
+04a.2 runs the student's ``ddp_step(rank, world_size, model, x, y)`` on 2 ranks, with a global batch of
+8 and then of 7 samples (uneven shards), each rank starting from *different* weights, and compares every
+rank's gradients with those of one process on the whole batch from rank 0's weights.
+
+:func:`run_ranks` (also used by 04b's graders) turns a failed or hung launch into a short
+:class:`~mgpu_helpers.exercises.Wrong` message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..exercises import Wrong, exercise
+from ..launching import LaunchError, launch
+
+
+def run_ranks(worker: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 30.0) -> list[Any]:
+    """``launch(worker, nprocs, args=args)`` on gloo; a rank's exception or a hang becomes :class:`Wrong`."""
+    try:
+        return launch(
+            worker, nprocs, args=args, backend="gloo", timeout_s=timeout_s, collective_timeout_s=15.0
+        )
+    except LaunchError as exc:
+        text = str(exc)
+        if text.startswith("timed out"):
+            raise Wrong(
+                f"the {nprocs} ranks did not finish within {timeout_s:g} s: a rank is waiting for a message "
+                "that no other rank sends (or in a collective the others never reach)."
+            ) from None
+        first = re.match(r"rank (\d+) raised", text)
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
+        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Wrong)\b", ln)]
+        last = errors[-1] if errors else lines[-1]
+        who = f"rank {first.group(1)}" if first else "a rank"
+        raise Wrong(f"{who} raised {last.strip()}") from None
+
+
+# --- 04a.1: ring all-reduce ---------------------------------------------------------------------------
+
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "scatter")
+
+
+def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+    """Run the student's ring on this rank with send/isend counted and collectives noted."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    real = {name: getattr(dist, name) for name in (*_COLLECTIVES, "send", "isend", "batch_isend_irecv")}
+    counted = {"bytes": 0, "collectives": set(), "inside": False}
+
+    def counter(name: str) -> Callable[..., Any]:
+        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if counted["inside"]:  # torch's send may call isend: count each message once
+                return real[name](tensor, *args, **kwargs)
+            counted["bytes"] += tensor.numel() * tensor.element_size()
+            counted["inside"] = True
+            try:
+                return real[name](tensor, *args, **kwargs)
+            finally:
+                counted["inside"] = False
+
+        return call
+
+    def batch(ops: list[Any]) -> Any:
+        counted["bytes"] += sum(
+            op.tensor.numel() * op.tensor.element_size()
+            for op in ops
+            if op.op in (patched["isend"], real["isend"])
+        )
+        counted["inside"] = True
+        try:
+            return real["batch_isend_irecv"](ops)
+        finally:
+            counted["inside"] = False
+
+    def noted(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counted["collectives"].add(name)
+            return real[name](*args, **kwargs)
+
+        return call
+
+    patched = {"send": counter("send"), "isend": counter("isend")}
+    patched["batch_isend_irecv"] = batch
+    patched.update({name: noted(name) for name in _COLLECTIVES})
+    for module in (dist, c10d):  # P2POp checks its op against c10d's own isend/irecv
+        for name, fn in patched.items():
+            setattr(module, name, fn)
+    try:
+        results = []
+        for shape in ((1000,), (3, 5)):
+            gen = torch.Generator().manual_seed(10 * rank + len(shape))
+            x = torch.randn(shape, dtype=torch.float64, generator=gen)
+            mine, reference = x.clone(), x.clone()
+            counted["bytes"] = 0
+            ring_all_reduce(mine)
+            sent = counted["bytes"]
+            real["all_reduce"](reference)
+            results.append(
+                {
+                    "shape": shape,
+                    "diff": (mine - reference).abs().max().item(),
+                    "sent": sent,
+                    "unchanged": torch.equal(mine, x),
+                    "bytes": x.numel() * x.element_size(),
+                }
+            )
+        return {"results": results, "collectives": sorted(counted["collectives"])}
+    finally:
+        for module in (dist, c10d):
+            for name, fn in real.items():
+                setattr(module, name, fn)
+
+
+@exercise(
+    "04a.1",
+    "a ring all-reduce from send/recv",
+    hint="Cut the flattened tensor into N chunks (views, so that writing them writes the tensor). "
+    "Reduce-scatter: N-1 steps of 'send one chunk to the right, add the chunk that arrives from the left'. "
+    "All-gather: N-1 more steps of 'send a finished chunk to the right, overwrite with the one from the "
+    "left'. "
+    "Send with dist.isend and receive with dist.recv, so that both sides of a step can proceed.",
+)
+def grade_ring(ring_all_reduce: Callable[[torch.Tensor], Any]) -> str:
+    """3 gloo ranks; results against dist.all_reduce; bytes sent per rank against 2(N-1)/N x size."""
+    if not callable(ring_all_reduce):
+        raise Wrong(f"pass the function ring_all_reduce itself, not {type(ring_all_reduce).__name__}")
+    n = 3
+    ranks = run_ranks(_ring_rank, n, ring_all_reduce)
+    for rank, out in enumerate(ranks):
+        if out["collectives"]:
+            raise Wrong(
+                f"rank {rank} called dist.{', dist.'.join(out['collectives'])}: the exercise builds the "
+                "all-reduce from point-to-point messages only."
+            )
+        for r in out["results"]:
+            if r["unchanged"]:
+                raise Wrong(
+                    f"on rank {rank} the tensor of shape {r['shape']} is unchanged after your call: "
+                    "like dist.all_reduce, the sum must end up in the tensor that was passed in."
+                )
+            if not r["diff"] < 1e-9:
+                raise Wrong(
+                    f"on rank {rank}, for a tensor of shape {r['shape']}, your result differs from "
+                    f"dist.all_reduce by up to {r['diff']:.3g}."
+                )
+        big = out["results"][0]
+        ring = 2 * (n - 1) / n * big["bytes"]
+        if not 0.95 * ring <= big["sent"] <= 1.05 * ring + 64:
+            raise Wrong(
+                f"the sums are right, but rank {rank} sent {big['sent']:,} bytes for a tensor of "
+                f"{big['bytes']:,} bytes on {n} ranks ({big['sent'] / big['bytes']:.2f}x the tensor); a ring "
+                f"sends 2(N-1)/N = {2 * (n - 1) / n:.2f}x it, the same on every rank."
+            )
+    return (
+        f"on {n} real gloo processes your ring matches dist.all_reduce (shapes (1000,) and (3, 5)) and each "
+        f"rank sent {ranks[0]['results'][0]['sent']:,} B = 2(N-1)/N x {ranks[0]['results'][0]['bytes']:,} B."
+    )
+
+
+# --- 04a.2: one DDP step --------------------------------------------------------------------------------
+
+_SIZES = (8, 7)  # an even global batch, then one that two ranks cannot split evenly
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def _batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n)
+    return torch.randn(n, 6, dtype=torch.float64, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any]) -> list[Any]:
+    out = []
+    for n in _SIZES:
+        model = _model(100 + rank)  # different weights on each rank: only rank 0's may count
+        x, y = _batch(n)
+        ddp_step(rank, world_size, model, x, y)
+        out.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
+    return out
+
+
+@exercise(
+    "04a.2",
+    "one DDP training step",
+    hint="Wrap the model in DistributedDataParallel, take this rank's share of the batch, and remember "
+    "that DDP *averages* the ranks' gradients: each rank's loss must be scaled so that the average over "
+    "ranks is the mean over the whole batch, even when the shares have different sizes.",
+)
+def grade_ddp_step(ddp_step: Callable[..., Any]) -> str:
+    """2 gloo ranks, global batches of 8 and 7; every rank's gradients vs one process on the whole batch."""
+    if not callable(ddp_step):
+        raise Wrong(f"pass the function ddp_step itself, not {type(ddp_step).__name__}")
+    ranks = run_ranks(_ddp_step_rank, 2, ddp_step)
+    for i, n in enumerate(_SIZES):
+        reference = _model(100)
+        x, y = _batch(n)
+        F.cross_entropy(reference(x), y).backward()
+        expected = [p.grad for p in reference.parameters()]
+        for rank, out in enumerate(ranks):
+            grads = out[i]
+            if any(g is None for g in grads):
+                raise Wrong(
+                    f"with a global batch of {n}, rank {rank}'s model has no gradient after your step."
+                )
+            diff = max((g - e).abs().max().item() for g, e in zip(grads, expected, strict=True))
+            if not diff < 1e-9:
+                scale = sum((g * e).sum().item() for g, e in zip(grads, expected, strict=True)) / sum(
+                    (e * e).sum().item() for e in expected
+                )
+                shares = "equal shares of 4" if n % 2 == 0 else "shares of 4 and 3"
+                times = f" (about {scale:.2f} times it)" if abs(scale - 1) > 0.2 else ""
+                raise Wrong(
+                    f"with a global batch of {n} ({shares}), rank {rank}'s gradient differs from one "
+                    f"process's gradient on the whole batch by up to {diff:.3g}{times}."
+                )
+    return (
+        "on 2 real gloo processes, starting from different weights, every rank's gradient equals one "
+        "process's full-batch gradient, for global batches of 8 and of 7 samples."
+    )

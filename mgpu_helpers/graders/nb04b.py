@@ -1,0 +1,169 @@
+"""Used by notebook 04b's exercises: repairing the data side of a DDP training function (04b.1) and
+gradient accumulation with ``no_sync()`` (04b.2), each run on 2 real gloo processes started with
+:func:`mgpu_helpers.launching.launch`.
+
+04b.1 runs the student's ``shard_epochs(dataset, epochs)`` as the only process of each of two simulated
+nodes (global ranks 0 and 1, both with ``LOCAL_RANK=0``) on a 24-item dataset for 3 epochs, and checks
+that each rank picks the GPU of its local rank, that in every epoch the two ranks see disjoint halves of
+the dataset, and that every rank's order changes from epoch to epoch.
+
+04b.2 wraps a small float64 model in DDP on each rank, counts the buckets DDP all-reduces (a
+communication hook around PyTorch's default one), hands the student's ``accumulate(ddp_model,
+micro_batches)`` three micro-batches per rank, and compares every rank's gradient with one process's
+gradient on all six micro-batches at once; the gradients must have been all-reduced exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..exercises import Wrong, exercise
+from .nb04a import run_ranks
+
+# --- 04b.1: repair the data side of a DDP script ---------------------------------------------------------
+
+_ITEMS, _EPOCHS = 24, 3
+
+
+def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any]) -> Any:
+    # Two nodes with one process each: global ranks 0 and 1, local rank 0 on both.
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), NODE_RANK=str(rank))
+    return shard_epochs(torch.arange(_ITEMS), _EPOCHS)
+
+
+@exercise(
+    "04b.1",
+    "repair a DDP training function",
+    hint="Three things go wrong in a multi-node job: which GPU a process picks (its index on its own node), "
+    "whether the DataLoader actually uses the sampler, and whether the sampler learns which epoch it is.",
+)
+def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
+    """2 gloo ranks as 2 nodes x 1 process: the GPU index, disjoint shards, a new order every epoch."""
+    if not callable(shard_epochs):
+        raise Wrong(f"pass the function shard_epochs itself, not {type(shard_epochs).__name__}")
+    ranks = run_ranks(_shard_rank, 2, shard_epochs)
+    for rank, out in enumerate(ranks):
+        if not isinstance(out, dict) or set(out) != {"gpu", "seen"}:
+            raise Wrong(f"rank {rank} returned {out!r:.80}; keep the return value {{'gpu': …, 'seen': …}}.")
+        if len(out["seen"]) != _EPOCHS:
+            raise Wrong(f"rank {rank} reported {len(out['seen'])} epochs instead of {_EPOCHS}.")
+    for rank, out in enumerate(ranks):
+        if out["gpu"] != 0:
+            raise Wrong(
+                f"rank {rank} is the only process on its node, whose one GPU is cuda:0, but it picked "
+                f"GPU {out['gpu']!r}."
+            )
+    for epoch in range(_EPOCHS):
+        first, second = (list(map(int, out["seen"][epoch])) for out in ranks)
+        both = sorted(set(first) & set(second))
+        if both:
+            raise Wrong(
+                f"in epoch {epoch} both ranks trained on the same items "
+                f"{both[:8]}{' …' if len(both) > 8 else ''} "
+                f"({len(both)} of {_ITEMS}): rank 0 saw {len(first)} items, rank 1 saw {len(second)}."
+            )
+        if sorted(first + second) != list(range(_ITEMS)):
+            raise Wrong(f"in epoch {epoch} the two ranks together did not see every item exactly once.")
+    for rank, out in enumerate(ranks):
+        orders = [tuple(map(int, s)) for s in out["seen"]]
+        if len(set(orders)) < _EPOCHS:
+            raise Wrong(
+                f"rank {rank} saw the same items in the same order in every epoch: {list(orders[0])[:6]} …"
+            )
+    return (
+        "on 2 real gloo processes (2 nodes x 1 process) each rank picks cuda:0, the ranks split the data "
+        "without overlap in every epoch, and each epoch brings a new order."
+    )
+
+
+# --- 04b.2: gradient accumulation with no_sync() -----------------------------------------------------------
+
+_MICRO, _PER_MICRO = 3, 4
+
+
+def _accum_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+def _micro_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for j in range(_MICRO):
+        gen = torch.Generator().manual_seed(100 * rank + j)
+        out.append(
+            (
+                torch.randn(_PER_MICRO, 6, dtype=torch.float64, generator=gen),
+                torch.randint(0, 3, (_PER_MICRO,), generator=gen),
+            )
+        )
+    return out
+
+
+def _accum_rank(rank: int, world_size: int, accumulate: Callable[..., Any]) -> dict[str, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _accum_model()
+    ddp_model = DDP(model)
+    calls = [0]
+
+    def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses other annotations
+        calls[0] += 1
+        return allreduce_hook(state, bucket)
+
+    ddp_model.register_comm_hook(None, counting_hook)
+    accumulate(ddp_model, _micro_batches(rank))
+    return {
+        "all_reduces": calls[0],
+        "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
+    }
+
+
+@exercise(
+    "04b.2",
+    "gradient accumulation with no_sync()",
+    hint="Which of the backward passes should DDP not communicate for, and which one must it? "
+    "And what must each micro-batch's loss be divided by, so that the accumulated sum is the mean over all "
+    "of them?",
+)
+def grade_accumulate(accumulate: Callable[..., Any]) -> str:
+    """2 gloo ranks x 3 micro-batches: gradients vs the large batch, and the number of all-reduces."""
+    if not callable(accumulate):
+        raise Wrong(f"pass the function accumulate itself, not {type(accumulate).__name__}")
+    ranks = run_ranks(_accum_rank, 2, accumulate)
+    reference = _accum_model()
+    xs, ys = zip(*(mb for rank in range(2) for mb in _micro_batches(rank)), strict=True)
+    F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+    expected = [p.grad for p in reference.parameters()]
+    for rank, out in enumerate(ranks):
+        if out["all_reduces"] == 0:
+            raise Wrong(
+                f"DDP never all-reduced a gradient on rank {rank}: the ranks' gradients were never averaged."
+            )
+        if out["all_reduces"] > 1:
+            raise Wrong(
+                f"DDP all-reduced the gradients {out['all_reduces']} times on rank {rank} during one "
+                f"accumulation step over {_MICRO} micro-batches; it should communicate once per step."
+            )
+        if any(g is None for g in out["grads"]):
+            raise Wrong(f"rank {rank}'s model has no gradient after your accumulation step.")
+        diff = max((g - e).abs().max().item() for g, e in zip(out["grads"], expected, strict=True))
+        if not diff < 1e-9:
+            scale = sum((g * e).sum().item() for g, e in zip(out["grads"], expected, strict=True)) / sum(
+                (e * e).sum().item() for e in expected
+            )
+            raise Wrong(
+                f"rank {rank}'s accumulated gradient differs from the gradient of one process on all "
+                f"{2 * _MICRO * _PER_MICRO} samples at once by up to {diff:.3g} "
+                f"(it is about {scale:.2f} times it)."
+            )
+    return (
+        f"on 2 real gloo processes, {_MICRO} micro-batches per rank gave the large-batch gradient with a "
+        "single all-reduce per rank."
+    )

@@ -1,0 +1,142 @@
+"""Used by notebook 05a's exercises: a bf16 ``torch.autocast`` + ``GradScaler`` training step with
+gradient clipping (05a.1), and the repair of a gradient-accumulation step (05a.2).
+
+Both graders run the student's step for real, on the CPU with bf16 autocast and
+``torch.amp.GradScaler("cpu")``, for a few steps on a small model, and compare how far the weights
+moved with an fp32 reference computed here (same data, same SGD, same clipping; for 05a.2 one step on
+the whole batch per group of micro-batches). Then one batch holds an ``inf``: the scaler must skip that
+optimizer step (weights unchanged and finite) and halve its scale, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..exercises import Wrong, exercise
+
+_LR = 0.5
+_SCALE = 2.0**12
+_STEPS = 4
+_MICRO = 16  # 05a.2: each batch of 64 as 4 micro-batches
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [
+        (3 * torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)) for _ in range(_STEPS)
+    ]
+
+
+def _flat_change(model: nn.Module, start: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(p.detach() - w).flatten() for p, w in zip(model.parameters(), start, strict=True)])
+
+
+def _reference_change(max_norm: float) -> torch.Tensor:
+    """How far fp32 SGD with the same clipping moves the weights, one step per whole batch."""
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=_LR)
+    for x, y in _batches():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+    return _flat_change(model, start)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return list(zip(x.split(_MICRO), y.split(_MICRO), strict=True))
+
+
+def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) -> str:
+    """Run the student's step; raise Wrong unless it matches fp32 and skips an inf step."""
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=_LR)
+    scaler = torch.amp.GradScaler("cpu", init_scale=_SCALE, growth_interval=10**6)
+    dtypes: set[torch.dtype] = set()
+    hook = model[0].register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+
+    def call(x: torch.Tensor, y: torch.Tensor) -> None:
+        if micro:
+            step(model, opt, scaler, _split(x, y), max_norm)
+        else:
+            step(model, opt, scaler, x, y, max_norm)
+
+    try:
+        for x, y in _batches():
+            call(x, y)
+    finally:
+        hook.remove()
+    if torch.bfloat16 not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in sorted(dtypes, key=str)) or "nothing"
+        raise Wrong(f"the first Linear layer computed in {names}, not in bfloat16.")
+    change, ref = _flat_change(model, start), _reference_change(max_norm)
+    what = f"{_STEPS} steps" + (f" of {64 // _MICRO} micro-batches" if micro else "")
+    if not torch.isfinite(change).all():
+        raise Wrong(f"after {what} some weights are inf or nan.")
+    error = ((change - ref).norm() / ref.norm()).item()
+    if error > 0.05:
+        ratio = (change.norm() / ref.norm()).item()
+        raise Wrong(
+            f"after {what} your weights moved {ratio:.3g}x as far as {_STEPS} fp32 SGD steps on the whole "
+            f"batches with clipping to {max_norm} (off by {error:.0%} of that update; bf16 rounding "
+            "accounts for under 5 %)."
+        )
+    before = [p.detach().clone() for p in model.parameters()]
+    scale = scaler.get_scale()
+    x, y = _batches()[0]
+    x = x.clone()
+    x[-1, 0] = float("inf")  # this batch (its last micro-batch) gives inf/nan gradients
+    call(x, y)
+    after = list(model.parameters())
+    if not all(torch.isfinite(p).all() for p in after):
+        raise Wrong("a batch with an inf in it turned weights into inf/nan: that step was not skipped.")
+    if not all(torch.equal(b, p.detach()) for b, p in zip(before, after, strict=True)):
+        raise Wrong("a batch with an inf in it still changed the weights: the step was not skipped.")
+    if scaler.get_scale() != scale / 2:
+        raise Wrong(
+            f"after the skipped step the loss scale is {scaler.get_scale():g}; from {scale:g}, one skipped "
+            f"step should leave {scale / 2:g}."
+        )
+    return (
+        f"bf16 autocast; after {what} the weights are within {error:.1%} of fp32 SGD's update with "
+        "clipping, and the step with an inf gradient was skipped with the scale halved"
+    )
+
+
+@exercise(
+    "05a.1",
+    "a bf16 autocast + GradScaler training step with clipping",
+    hint="only the forward pass and the loss belong inside torch.autocast; section 2 of the notebook says "
+    "what the gradients still carry when backward returns, which matters to clipping and to the step.",
+)
+def grade_amp_step(amp_step: Callable[..., object]) -> str:
+    """Run ``amp_step(model, optimizer, scaler, x, y, max_norm)`` with ``max_norm=0.25``."""
+    if not callable(amp_step):
+        raise Wrong(f"pass your function amp_step itself, not {type(amp_step).__name__}.")
+    return _run_and_compare(amp_step, 0.25, micro=False)
+
+
+@exercise(
+    "05a.2",
+    "repair a gradient-accumulation step",
+    hint="compare the gradient that piles up in p.grad with the gradient of the mean loss over the whole "
+    "batch, and ask which lines should run once per micro-batch and which once per batch.",
+)
+def grade_accumulated_step(accumulated_amp_step: Callable[..., object]) -> str:
+    """Run ``accumulated_amp_step(model, optimizer, scaler, micro_batches, max_norm)``, ``max_norm=2``."""
+    if not callable(accumulated_amp_step):
+        raise Wrong(
+            f"pass your function accumulated_amp_step itself, not {type(accumulated_amp_step).__name__}."
+        )
+    return _run_and_compare(accumulated_amp_step, 2.0, micro=True)

@@ -1,0 +1,197 @@
+"""Used by notebook 05b's exercises: a per-rank memory budget for DDP, ZeRO-1 and FSDP2, checked against a
+real sharded run on 2 gloo processes (05b.1), and an activation-checkpointing wrapper (05b.2).
+
+05b.1 trains one step of fp32 Adam in each setup on two real gloo processes (``DistributedDataParallel``,
+``ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``) and counts, on every rank, the bytes of the
+parameters, gradients and optimizer state that rank holds (:func:`mgpu_helpers.precision.local_state_bytes`);
+the student's budget must be within 5 % of each (the rest is whole-tensor partitioning, FSDP's padding
+and Adam's 4-byte step counters). It also checks N = 4 against the formulas of ZeRO's paper.
+
+05b.2 wraps each block of a residual MLP in the student's class and compares with the plain model: the
+same output and gradients (to 1e-6), and a lower peak of activation bytes (tracked by
+:class:`mgpu_helpers.memory.MemoryTracker`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..exercises import Wrong, exercise
+
+_SETUPS = ("DDP", "ZeRO-1", "FSDP2")
+_CATEGORIES = ("parameters", "gradients", "optimizer")
+
+
+def _shard_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+
+
+def _measure_rank(rank: int, world_size: int) -> dict[str, dict[str, int]]:
+    """One fp32 Adam step in each setup on this rank; the bytes it holds right after the step."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..precision import local_state_bytes
+
+    assert dist.get_backend() == "gloo"
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(16, 128, generator=g), torch.randint(0, 8, (16,), generator=g)
+    measured = {}
+    for setup in _SETUPS:
+        model = _shard_model()
+        if setup == "FSDP2":
+            mesh = init_device_mesh("cpu", (world_size,))
+            for layer in model:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            net, opt = model, torch.optim.Adam(model.parameters())
+            holder = opt
+        else:
+            net = DDP(model)
+            if setup == "ZeRO-1":
+                opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)
+                holder = opt.optim
+            else:
+                opt = holder = torch.optim.Adam(model.parameters())
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        measured[setup] = local_state_bytes(model, holder)
+    return measured
+
+
+def _formula(n_params: int, world_size: int, setup: str) -> dict[str, float]:
+    shard = {"DDP": 0, "ZeRO-1": 1, "FSDP2": 3}[setup]
+    return {
+        "parameters": 4 * n_params / (world_size if shard >= 3 else 1),
+        "gradients": 4 * n_params / (world_size if shard >= 2 else 1),
+        "optimizer": 8 * n_params / (world_size if shard >= 1 else 1),
+    }
+
+
+def _as_budget(budget: Any, call: str) -> dict[str, float]:
+    if not isinstance(budget, dict) or set(budget) != set(_CATEGORIES):
+        raise Wrong(f"{call} returned {budget!r}, not a dict with the keys {', '.join(_CATEGORIES)}.")
+    for key, value in budget.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise Wrong(f"{call}[{key!r}] is {value!r}, not a number of bytes.")
+    return {k: float(v) for k, v in budget.items()}
+
+
+@exercise(
+    "05b.1",
+    "a per-rank memory budget, checked against a real sharded run",
+    hint="fp32 Adam keeps 4 bytes of weight, 4 of gradient and 8 of optimizer state per parameter; "
+    "ask for each setup which of the three it divides among the ranks.",
+)
+def grade_budget(per_rank_bytes: Callable[[int, int, str], dict]) -> str:
+    """Compare ``per_rank_bytes(n_params, world_size, setup)`` with what 2 real ranks hold."""
+    if not callable(per_rank_bytes):
+        raise Wrong(f"pass your function per_rank_bytes itself, not {type(per_rank_bytes).__name__}.")
+    from ..launching import launch
+    from ..models import count_parameters
+
+    psi = count_parameters(_shard_model())
+    budgets = {s: _as_budget(per_rank_bytes(psi, 2, s), f"per_rank_bytes({psi}, 2, {s!r})") for s in _SETUPS}
+    per_rank = launch(_measure_rank, nprocs=2, backend="gloo", threads_per_process=1)
+    worst = 0.0
+    for rank, measured in enumerate(per_rank):
+        for setup in _SETUPS:
+            for cat in _CATEGORIES:
+                got, real = budgets[setup][cat], measured[setup][cat]
+                error = abs(got - real) / real
+                if error > 0.05:
+                    raise Wrong(
+                        f"for {setup} your budget says {got:,.0f} B of {cat} per rank, but rank {rank} "
+                        f"of a real 2-process run holds {real:,} B ({got / real:.3g}x)."
+                    )
+                worst = max(worst, error)
+    for n in (4, 8):  # more ranks than this grader can start: the formulas of ZeRO's paper
+        for setup in _SETUPS:
+            call = f"per_rank_bytes({psi}, {n}, {setup!r})"
+            got, want = _as_budget(per_rank_bytes(psi, n, setup), call), _formula(psi, n, setup)
+            for cat in _CATEGORIES:
+                if not math.isclose(got[cat], want[cat], rel_tol=0.01):
+                    raise Wrong(
+                        f"with N = {n} ranks your {setup} {cat} budget is {got[cat]:,.0f} B, "
+                        f"{got[cat] / want[cat]:.3g}x what each of {n} ranks would hold."
+                    )
+    return (
+        f"within {worst:.1%} of the bytes that both ranks of real DDP, ZeRO-1 and FSDP2 runs hold "
+        f"(Ψ = {psi:,}), and right for N = 4 and 8"
+    )
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor | None], int]:
+    """Output, gradients and peak activation bytes of one forward + backward."""
+    from ..memory import MemoryTracker
+
+    model.zero_grad(set_to_none=True)
+    tracker = MemoryTracker(model)
+    with tracker:
+        out = model(x)
+        if not out.requires_grad:
+            raise Wrong("the wrapped blocks' output does not require grad: backward cannot reach a weight.")
+        out.square().mean().backward()
+    tracker.close()
+    return out.detach(), [p.grad for p in model.parameters()], tracker.peak["other"]
+
+
+@exercise(
+    "05b.2",
+    "activation checkpointing for a block",
+    hint="section 4 uses the function that runs a block without keeping its intermediates and runs it "
+    "again in backward; the wrapper's forward hands it the wrapped block and the input.",
+)
+def grade_checkpointing(wrapper: type) -> str:
+    """Wrap each of 6 blocks in ``wrapper(block)``; compare outputs, gradients and peak activations."""
+    if not callable(wrapper):
+        raise Wrong(f"pass your class CheckpointedBlock itself, not {type(wrapper).__name__}.")
+    torch.manual_seed(0)
+    plain = nn.Sequential(*[_Block() for _ in range(6)])
+    wrapped = nn.Sequential(*[wrapper(block) for block in copy.deepcopy(plain)])
+    if not isinstance(wrapped[0], nn.Module):
+        raise Wrong(f"CheckpointedBlock(block) made a {type(wrapped[0]).__name__}, not an nn.Module.")
+    n_plain, n_wrapped = len(list(plain.parameters())), len(list(wrapped.parameters()))
+    if n_wrapped != n_plain:
+        raise Wrong(f"the wrapped model has {n_wrapped} parameter tensors, the plain one {n_plain}.")
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1))
+    out_p, grads_p, peak_p = _step(plain, x)
+    out_w, grads_w, peak_w = _step(wrapped, x)
+    if out_w.shape != out_p.shape or not torch.allclose(out_w, out_p, rtol=0, atol=1e-6):
+        raise Wrong("the wrapped blocks compute a different output from the plain blocks.")
+    for i, (gp, gw) in enumerate(zip(grads_p, grads_w, strict=True)):
+        if gw is None:
+            raise Wrong(f"parameter tensor {i} of the wrapped model got no gradient in backward.")
+        if not torch.allclose(gw, gp, rtol=0, atol=1e-6):
+            diff = (gw - gp).abs().max().item()
+            raise Wrong(f"parameter tensor {i}'s gradient differs from the plain model's by {diff:.3g}.")
+    if peak_w > 0.6 * peak_p:
+        raise Wrong(
+            f"the activation peak is {peak_w / 2**20:.2f} MiB with your wrapper and {peak_p / 2**20:.2f} MiB "
+            "without: the intermediates inside each block are still kept for backward."
+        )
+    return (
+        f"same output and gradients as the plain blocks, activation peak {peak_w / peak_p:.2f}x "
+        "the plain one (measured by the tracker)"
+    )

@@ -1,0 +1,54 @@
+"""Reference solutions of notebook 01's exercises and typical wrong attempts (for tests/test_solutions.py)."""
+
+import torch
+
+
+def whoami(env, gpus_per_node):
+    local_rank = int(env["LOCAL_RANK"])
+    use_gpu = gpus_per_node >= int(env["LOCAL_WORLD_SIZE"])  # one GPU for every process on this node
+    return {
+        "rank": int(env["RANK"]),
+        "local_rank": local_rank,
+        "node_rank": int(env["GROUP_RANK"]),
+        "world_size": int(env["WORLD_SIZE"]),
+        "device": f"cuda:{local_rank}" if use_gpu else "cpu",
+    }
+
+
+def whoami_global_rank_device(env, gpus_per_node):
+    """Picks the GPU with the global rank: right on one node, wrong from the second node on."""
+    rank = int(env["RANK"])
+    return {
+        "rank": rank,
+        "local_rank": int(env["LOCAL_RANK"]),
+        "node_rank": int(env["GROUP_RANK"]),
+        "world_size": int(env["WORLD_SIZE"]),
+        "device": f"cuda:{rank}" if gpus_per_node >= int(env["LOCAL_WORLD_SIZE"]) else "cpu",
+    }
+
+
+def training_bytes(model, optimizer):
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    size = sum(p.numel() * p.element_size() for p in trainable)
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        state = 2 * size + 4 * len(trainable)  # exp_avg, exp_avg_sq; a float32 `step` per tensor
+    elif isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["momentum"]:
+        state = size  # momentum_buffer
+    else:
+        state = 0
+    return {
+        "parameters": sum(p.numel() * p.element_size() for p in params),
+        "gradients": size,
+        "optimizer": state,
+    }
+
+
+def training_bytes_sixteen_per_parameter(model, optimizer):
+    """The fp32-Adam rule of thumb (4 + 4 + 8 bytes) applied to every model and optimizer."""
+    n = sum(p.numel() for p in model.parameters())
+    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 8 * n}
+
+
+SOLUTIONS = {"01.1": (whoami,), "01.2": (training_bytes,)}
+WRONG = {"01.1": (whoami_global_rank_device,), "01.2": (training_bytes_sixteen_per_parameter,)}

@@ -1,0 +1,59 @@
+"""Every graded exercise: its reference solution (``solutions/nbXX.py``) passes its grader, a known-wrong
+attempt fails it with feedback, unwritten work is reported as not written, and each notebook hands
+exactly its registered exercises to ``grade``."""
+
+import json
+import pathlib
+import re
+
+import pytest
+from _scripts import graded, reference_solutions
+
+from mgpu_helpers.exercises import exercises
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+ALL = exercises()
+#: Graded on the Ray cluster that tests/test_tuning_ray.py starts once for its module, instead of
+#: starting a private Ray here twice.
+ON_SHARED_RAY = {"06b.1"}
+HERE = [e for e in ALL if e.id not in ON_SHARED_RAY]
+
+
+@pytest.mark.parametrize("ex", HERE, ids=lambda e: e.id)
+def test_reference_solution_passes_its_grader(ex):
+    module = reference_solutions(ex.id.split(".")[0])
+    ok, printed = graded(ex.id, *module.SOLUTIONS[ex.id])
+    assert ok, printed
+    assert printed.startswith(f"✅ Exercise {ex.id}")
+
+
+@pytest.mark.parametrize("ex", HERE, ids=lambda e: e.id)
+def test_grader_rejects_a_wrong_attempt_with_its_hint(ex):
+    module = reference_solutions(ex.id.split(".")[0])
+    ok, printed = graded(ex.id, *module.WRONG[ex.id])
+    assert not ok, f"the grader accepted a wrong attempt: {printed}"
+    assert printed.startswith(f"❌ Exercise {ex.id}") and ex.hint in printed, printed
+
+
+def test_unwritten_work_is_reported_as_not_written():
+    def unwritten():
+        raise NotImplementedError
+
+    for ex in ALL:
+        n_parts = len(reference_solutions(ex.id.split(".")[0]).SOLUTIONS[ex.id])
+        ok, printed = graded(ex.id, *[unwritten] * n_parts)
+        assert not ok and printed.startswith(f"⏳ Exercise {ex.id}"), printed
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_grades_exactly_its_exercises_and_shows_no_solution(path):
+    number = path.name.split("_")[0]
+    code = "\n".join(
+        "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
+    )
+    used = re.findall(r"\bgrade\(\s*\"(\d\d[a-z]?\.\d+)\"", code)
+    registered = [e.id for e in ALL if e.id.split(".")[0] == number]
+    assert len(registered) >= 2, "every notebook has at least two graded coding exercises"
+    assert sorted(used) == sorted(registered), "grade(...) calls and registered graders disagree"
+    assert "solutions" not in code, "the notebook must not import or load reference solutions"
