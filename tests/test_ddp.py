@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from mgpu_helpers.ddp import captured_native_stderr, torchrun_ready_shell
 from mgpu_helpers.exercises import Wrong
-from mgpu_helpers.graders.nb04a import run_ranks
+from mgpu_helpers.graders._ranks import run_ranks
 
 
 def test_torchrun_ready_shell_puts_this_python_first_and_stays_on_loopback(monkeypatch):
@@ -49,5 +49,5 @@ def _waits_forever(rank, world_size):
 def test_grader_runs_turn_failures_and_hangs_into_short_feedback():
     with pytest.raises(Wrong, match=r"^rank 1 raised ValueError: rank one is broken on purpose$"):
         run_ranks(_raises, 2)
-    with pytest.raises(Wrong, match=r"did not finish within 3 s: a rank is waiting for a message"):
+    with pytest.raises(Wrong, match=r"the 2 ranks did not finish within 3 s: one is waiting for a message"):
         run_ranks(_waits_forever, 2, timeout_s=3)

@@ -10,13 +10,10 @@ batch at once; forward hooks count how many rows each part saw per call.
 stage exists), a 3-stage model from :func:`~mgpu_helpers.pipeline.make_stages` and m = 4; hooks record
 each stage's passes in order. It compares the returned loss and every gradient with the unsplit model.
 
-:func:`run_ranks` (also used by 02b's graders) turns a failed or hung launch into a short
-:class:`~mgpu_helpers.exercises.Wrong` message.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,29 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..exercises import Wrong, exercise
-from ..launching import LaunchError, launch
 from ..pipeline import make_batch, make_stages
-
-
-def run_ranks(worker: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 30.0) -> list[Any]:
-    """``launch(worker, nprocs, args=args)`` on gloo; a rank's exception or a hang becomes :class:`Wrong`."""
-    try:
-        return launch(
-            worker, nprocs, args=args, backend="gloo", timeout_s=timeout_s, collective_timeout_s=15.0
-        )
-    except LaunchError as exc:
-        text = str(exc)
-        if text.startswith("timed out"):
-            raise Wrong(
-                f"the {nprocs} stage processes did not finish within {timeout_s:g} s: a stage is waiting "
-                "for a message that no other stage sends (a recv without a matching send)."
-            ) from None
-        first = re.match(r"rank (\d+) raised", text)
-        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
-        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Wrong)\b", ln)]
-        last = errors[-1] if errors else lines[-1]
-        who = f"rank {first.group(1)}" if first else "a rank"
-        raise Wrong(f"{who} raised {last.strip()}") from None
+from ._ranks import run_ranks
 
 
 def compare_grads(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], what: str) -> None:
@@ -147,7 +123,7 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
 def grade_gpipe_step(gpipe_step: Callable[..., Any]) -> str:
     if not callable(gpipe_step):
         raise Wrong(f"pass the function itself, not {type(gpipe_step).__name__}")
-    results = run_ranks(_gpipe_rank, _P, gpipe_step)
+    results = run_ranks(_gpipe_rank, _P, gpipe_step, who="stage processes")
     rows = _ROWS // _M
     for rank, res in enumerate(results):
         if res["rows"] != [rows] * _M:

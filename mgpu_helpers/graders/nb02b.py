@@ -31,7 +31,8 @@ from ..pipeline import (
     simulate_orders,
     stage_order,
 )
-from .nb02a import compare_grads, run_ranks
+from ._ranks import run_ranks
+from .nb02a import compare_grads
 
 _WIDTH, _ROWS = 32, 16
 

@@ -11,13 +11,10 @@ inside ``batch_isend_irecv``): a ring sends about 2(N-1)/N times the tensor per 
 8 and then of 7 samples (uneven shards), each rank starting from *different* weights, and compares every
 rank's gradients with those of one process on the whole batch from rank 0's weights.
 
-:func:`run_ranks` (also used by 04b's graders) turns a failed or hung launch into a short
-:class:`~mgpu_helpers.exercises.Wrong` message.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,29 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..exercises import Wrong, exercise
-from ..launching import LaunchError, launch
-
-
-def run_ranks(worker: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 30.0) -> list[Any]:
-    """``launch(worker, nprocs, args=args)`` on gloo; a rank's exception or a hang becomes :class:`Wrong`."""
-    try:
-        return launch(
-            worker, nprocs, args=args, backend="gloo", timeout_s=timeout_s, collective_timeout_s=15.0
-        )
-    except LaunchError as exc:
-        text = str(exc)
-        if text.startswith("timed out"):
-            raise Wrong(
-                f"the {nprocs} ranks did not finish within {timeout_s:g} s: a rank is waiting for a message "
-                "that no other rank sends (or in a collective the others never reach)."
-            ) from None
-        first = re.match(r"rank (\d+) raised", text)
-        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
-        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Wrong)\b", ln)]
-        last = errors[-1] if errors else lines[-1]
-        who = f"rank {first.group(1)}" if first else "a rank"
-        raise Wrong(f"{who} raised {last.strip()}") from None
-
+from ._ranks import run_ranks
 
 # --- 04a.1: ring all-reduce ---------------------------------------------------------------------------
 

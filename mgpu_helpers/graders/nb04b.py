@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..exercises import Wrong, exercise
-from .nb04a import run_ranks
+from ._ranks import run_ranks
 
 # --- 04b.1: repair the data side of a DDP script ---------------------------------------------------------
 

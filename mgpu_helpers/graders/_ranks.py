@@ -1,0 +1,42 @@
+"""Used by the graders of notebooks 02a, 02b, 04a and 04b: run a student's worker on N gloo processes
+and turn a failed or hung launch into a short :class:`~mgpu_helpers.exercises.Wrong` message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..exercises import Wrong
+from ..launching import LaunchError, launch
+
+
+def run_ranks(
+    worker: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 30.0, who: str = "ranks"
+) -> list[Any]:
+    """``launch(worker, nprocs, args=args)`` on gloo; a rank's exception or a hang becomes :class:`Wrong`.
+
+    Args:
+        worker: the student's function, called as ``worker(rank, world_size, *args)``.
+        nprocs: number of processes.
+        *args: passed on to every rank.
+        timeout_s: the whole job's limit; a hang past it is reported as a missing send or collective.
+        who: what the processes are called in the message ("ranks", "stage processes").
+    """
+    try:
+        return launch(
+            worker, nprocs, args=args, backend="gloo", timeout_s=timeout_s, collective_timeout_s=15.0
+        )
+    except LaunchError as exc:
+        text = str(exc)
+        if text.startswith("timed out"):
+            raise Wrong(
+                f"the {nprocs} {who} did not finish within {timeout_s:g} s: one is waiting for a message "
+                "that no other sends (a recv without a matching send, or a collective the others skip)."
+            ) from None
+        first = re.match(r"rank (\d+) raised", text)
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
+        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Wrong)\b", ln)]
+        last = errors[-1] if errors else lines[-1]
+        where = f"rank {first.group(1)}" if first else "a rank"
+        raise Wrong(f"{where} raised {last.strip()}") from None
