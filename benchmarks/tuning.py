@@ -4,7 +4,8 @@ Part 1 (notebook 06b, section 3, with more seeds): random search with and withou
 ``ASHAScheduler`` (driven by hand, one trial at a time, so budgets are exact) in two regimes of
 ``mgpu_helpers.tuning.REGIMES``:
 
-* ``toy`` — the notes' space, 8-epoch trainings: most configurations are fine;
+* ``toy`` — the notes' widths and learning rates (batch sizes 16–64), 8-epoch trainings: most
+  configurations are fine;
 * ``favourable`` — 27-epoch trainings, a learning rate from 1e-6 to 100: most configurations learn
   nothing or diverge early.
 

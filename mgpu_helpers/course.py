@@ -233,6 +233,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "same, plus a device-side assert in a child process",
         "same as 1 GPU (the hang demos stay on gloo)",
         helpers=(
+            "ddp",
             "exercises",
             "hardware",
             "labels",

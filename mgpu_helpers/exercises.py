@@ -69,19 +69,23 @@ class Exercise:
     title: str
     hint: str
     grader: Callable[..., str | None]
+    #: Names the student's code may not use: helpers that are the answer key (e.g. the package's own
+    #: implementation of what the exercise asks for).
+    forbid: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(
-    exercise_id: str, title: str, *, hint: str
+    exercise_id: str, title: str, *, hint: str, forbid: tuple[str, ...] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the grader of ``exercise_id`` (e.g. ``"04a.1"``).
 
     The grader receives what the student passed to :func:`grade`, raises :class:`Wrong` (or lets the
     student's own exception through) when the work is not right, and may return a sentence saying
-    what was checked, printed after ✅.
+    what was checked, printed after ✅. ``forbid`` names helpers that would be the answer key (the
+    package's own version of what the exercise asks for): work that uses one of them is not accepted.
     """
     if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
         raise ValueError(f"exercise id must look like '04a.1' (notebook, dot, number), not {exercise_id!r}")
@@ -91,7 +95,7 @@ def exercise(
     def register(grader: Callable[..., Any]) -> Callable[..., Any]:
         if exercise_id in _REGISTRY and _REGISTRY[exercise_id].grader.__qualname__ != grader.__qualname__:
             raise ValueError(f"exercise {exercise_id} is registered twice")
-        _REGISTRY[exercise_id] = Exercise(exercise_id, title.strip(), hint.strip(), grader)
+        _REGISTRY[exercise_id] = Exercise(exercise_id, title.strip(), hint.strip(), grader, tuple(forbid))
         return grader
 
     return register
@@ -129,6 +133,20 @@ def _unwritten(work: Any) -> bool:
     return code is not None and "NotImplementedError" in code.co_names
 
 
+def _names_used(work: Any) -> set[str]:
+    """Global and attribute names the student's function (or class's methods) refers to, nested code too."""
+    codes = [getattr(work, "__code__", None)]
+    if isinstance(work, type):
+        codes += [getattr(v, "__code__", None) for v in vars(work).values()]
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        if code is not None:
+            names.update(code.co_names)
+            codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names
+
+
 def _where(exc: BaseException) -> str:
     """' (line N of your cell)' when the innermost frame of the traceback is in notebook code."""
     frames = [
@@ -155,6 +173,14 @@ def grade(exercise_id: str, *work: Any) -> CheckResult:
     label = f"Exercise {ex.id} ({ex.title})"
     if any(_unwritten(w) for w in work):
         print(f"⏳ {label}: not written yet — {ex.hint}")
+        return CheckResult(False)
+    used = sorted({name for w in work for name in _names_used(w)} & set(ex.forbid))
+    if used:
+        print(
+            f"❌ {label}: your code calls {', '.join(used)}, a ready-made answer to this exercise; write "
+            f"it yourself. "
+            f"Hint: {ex.hint}"
+        )
         return CheckResult(False)
     try:
         detail = ex.grader(*work)

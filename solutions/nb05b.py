@@ -1,7 +1,5 @@
 """Reference solutions of notebook 05b's exercises and typical wrong attempts (tests/test_solutions.py)."""
 
-import torch
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
@@ -26,26 +24,19 @@ def per_rank_bytes_zero1_shards_gradients(n_params, world_size, setup):
     return {"parameters": weights, "gradients": grads, "optimizer": optimizer}
 
 
-class CheckpointedBlock(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x):
-        return checkpoint(self.block, x, use_reentrant=False)
+def checkpoint_in_segments(blocks, x, segments):
+    size = len(blocks) // segments
+    for start in range(0, len(blocks), size):
+        x = checkpoint(blocks[start : start + size], x, use_reentrant=False)  # one checkpoint per segment
+    return x
 
 
-class NoGradBlock(nn.Module):
-    """Saves memory by not recording the graph at all: nothing to backpropagate through."""
-
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x):
-        with torch.no_grad():
-            return self.block(x)
+def checkpoint_every_block(blocks, x, segments):
+    """Section 4's pattern, one checkpoint per block: ignores the segments and keeps every block's input."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return x
 
 
-SOLUTIONS = {"05b.1": (per_rank_bytes,), "05b.2": (CheckpointedBlock,)}
-WRONG = {"05b.1": (per_rank_bytes_zero1_shards_gradients,), "05b.2": (NoGradBlock,)}
+SOLUTIONS = {"05b.1": (per_rank_bytes,), "05b.2": (checkpoint_in_segments,)}
+WRONG = {"05b.1": (per_rank_bytes_zero1_shards_gradients,), "05b.2": (checkpoint_every_block,)}

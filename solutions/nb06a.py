@@ -6,26 +6,42 @@ import optuna
 
 from mgpu_helpers import tuning
 
-WIDTHS = [4, 8, 16, 32, 64, 128, 256]
+WIDTHS = [4, 8, 16, 32, 64, 128, 256]  # the widths of section 3's objective
 
 
-def random_search(objective, n_trials, seed):
+def random_search(objective, space, n_trials, seed):
     rng = np.random.default_rng(seed)
+
+    def draw(kind, *args):
+        if kind == "log":  # uniform in the exponent
+            low, high = args
+            return float(10 ** rng.uniform(np.log10(low), np.log10(high)))
+        if kind == "linear":
+            return float(rng.uniform(*args))
+        options = args[0]
+        return options[rng.integers(len(options))]
+
     best, best_score = None, -np.inf
     for _ in range(n_trials):
-        config = {"lr": float(10 ** rng.uniform(-4, -1)), "width": int(rng.choice(WIDTHS))}
+        config = {name: draw(*dimension) for name, dimension in space.items()}
         score = objective(config)
         if score > best_score:
             best, best_score = config, score
     return best
 
 
-def random_search_linear(objective, n_trials, seed):
-    """The usual slip: a uniform draw between the bounds puts 90 % of the learning rates in the top decade."""
+def random_search_linear(objective, space, n_trials, seed):
+    """The usual slip: every range drawn uniformly, so a log range over four decades gets 90 % of its draws
+    in the top one."""
     rng = np.random.default_rng(seed)
-    configs = [
-        {"lr": float(rng.uniform(1e-4, 1e-1)), "width": int(rng.choice(WIDTHS))} for _ in range(n_trials)
-    ]
+    configs = []
+    for _ in range(n_trials):
+        configs.append(
+            {
+                name: rng.choice(args[0]) if kind == "choice" else float(rng.uniform(*args))
+                for name, (kind, *args) in space.items()
+            }
+        )
     scores = [objective(c) for c in configs]
     return configs[int(np.argmax(scores))]
 

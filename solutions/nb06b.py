@@ -1,6 +1,10 @@
 """Reference solutions of notebook 06b's exercises (and typical wrong attempts), run by
 tests/test_solutions.py."""
 
+import os
+import tempfile
+
+import torch
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
@@ -9,17 +13,31 @@ from mgpu_helpers import tuning
 
 def trainable(config):
     run = tuning.TrialRun(config, seed=config["seed"])
-    for _ in range(config["max_epochs"]):
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:  # a restarted trial: continue where the last report left off
+        with checkpoint.as_directory() as folder:
+            run.load_state_dict(torch.load(os.path.join(folder, "run.pt")))
+    while run.epoch < config["max_epochs"]:
         metrics = run.step()
-        tune.report({"loss": metrics["loss"], "accuracy": metrics["accuracy"]})
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(run.state_dict(), os.path.join(folder, "run.pt"))
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
 
 
-def trainable_reporting_once(config):
-    """The usual slip: train everything, then report once — no scheduler can stop such a trial early."""
+def trainable_never_resuming(config):
+    """The usual slip: checkpoints every epoch but never loads one, so a restarted trial starts over."""
     run = tuning.TrialRun(config, seed=config["seed"])
     for _ in range(config["max_epochs"]):
         metrics = run.step()
-    tune.report({"loss": metrics["loss"], "accuracy": metrics["accuracy"]})
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(run.state_dict(), os.path.join(folder, "run.pt"))
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
 
 
 def make_scheduler():
@@ -32,4 +50,4 @@ def make_scheduler_halving():
 
 
 SOLUTIONS = {"06b.1": (trainable,), "06b.2": (make_scheduler,)}
-WRONG = {"06b.1": (trainable_reporting_once,), "06b.2": (make_scheduler_halving,)}
+WRONG = {"06b.1": (trainable_never_resuming,), "06b.2": (make_scheduler_halving,)}

@@ -392,3 +392,40 @@ def test_bad_inputs_are_refused_with_what_to_pass(
 def test_node_info_refuses_gpus_that_are_not_gpu_infos() -> None:
     with pytest.raises(TypeError, match="gpus must be a list of GPUInfo"):
         make_info([{"index": 0, "name": "x"}])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("value", "physical", "seen"),
+    [
+        (None, 0, 0),
+        (None, 1, 1),
+        (None, 4, 4),
+        ("", 2, 0),
+        ("-1", 2, 0),
+        ("0", 0, 0),
+        ("0", 1, 1),
+        ("0", 2, 1),
+        ("1,0", 0, 0),
+        ("1,0", 1, 0),
+        ("1,0", 2, 2),
+        ("1,0", 8, 2),  # 1 GPU: index 1 ends the list at once
+        ("0,2", 2, 1),
+        ("0,0", 4, 0),
+        ("3,2,1,0", 4, 4),
+    ],
+)
+def test_visible_gpu_count_follows_cudas_rule_for_0_1_2_and_n_gpus(value, physical, seen):
+    from mgpu_helpers.hardware import visible_gpu_count
+
+    assert visible_gpu_count(value, physical) == seen
+
+
+def test_visible_gpu_count_refuses_what_it_cannot_count():
+    from mgpu_helpers.hardware import visible_gpu_count
+
+    with pytest.raises(ValueError, match="UUID or MIG"):
+        visible_gpu_count("GPU-1234", 2)
+    with pytest.raises(ValueError, match="GPU count >= 0"):
+        visible_gpu_count("0", -1)
+    with pytest.raises(TypeError, match="or None when unset"):
+        visible_gpu_count(0, 2)

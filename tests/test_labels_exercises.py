@@ -60,3 +60,24 @@ def test_grade_refuses_unknown_or_malformed_ids():
         grade("97.1", print)
     with pytest.raises(ValueError, match="registered twice"):
         exercise("98z.1", "other", hint="h")(lambda fn: None)
+
+
+@exercise("98z.2", "squares without the answer key", hint="square each element", forbid=("answer_key",))
+def _grade_squares(fn):
+    if fn([3]) != [9]:
+        raise Wrong("for [3] your function did not return [9].")
+
+
+def answer_key(xs):
+    return [x * x for x in xs]
+
+
+def test_grade_refuses_work_that_calls_a_forbidden_helper(capsys):
+    assert not grade("98z.2", lambda xs: answer_key(xs))
+    assert "your code calls answer_key, a ready-made answer to this exercise" in capsys.readouterr().out
+
+    def nested(xs):
+        return [(lambda x: answer_key([x])[0])(x) for x in xs]
+
+    assert not grade("98z.2", nested)
+    assert grade("98z.2", lambda xs: [x * x for x in xs])

@@ -74,6 +74,14 @@ def test_saved_outputs_are_clean(path):
             assert kinds & {"image/png", "text/html", "image/svg+xml"}, (
                 f"a widget needs a static picture or table in the saved output: {_src(c)[:60]!r}"
             )
+            texts = [
+                "".join(o["data"].get("text/plain", ""))
+                for o in c["outputs"]
+                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+            ]
+            assert all(t.startswith("[interactive widget") for t in texts), (
+                f"widget repr saved for static viewers; re-run tools/run_notebooks.py: {texts[0][:50]!r}"
+            )
         for out in c["outputs"]:
             text = "".join(out.get("text", [])) + "".join(out.get("data", {}).get("text/plain", []))
             assert not re.search(r"(^|\s)0%\|", text), f"progress bar saved at 0 %: {_src(c)[:60]!r}"

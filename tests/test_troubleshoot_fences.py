@@ -267,3 +267,18 @@ def test_cuda_memory_cap_turns_a_large_allocation_into_an_oom_and_restores():
     assert is_oom(caught.value) and diagnose(caught.value).kind == "out_of_memory"
     assert "Tried to allocate" in str(caught.value)
     assert torch.cuda.memory_allocated(0) == before
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_memory_cap_budget_does_not_grow_with_what_is_alive():
+    # A live 2 MiB + 512 B tensor gets a 20 MiB segment of its own that empty_cache cannot release; the
+    # ~18 MiB free inside it must count towards the budget, not come on top of it.
+    keep = torch.empty(2 * MiB + 512, dtype=torch.uint8, device="cuda:0")
+    chunks = []
+    with cuda_memory_cap(64 * MiB, "cuda:0"), pytest.raises(torch.OutOfMemoryError):
+        for _ in range(64):
+            chunks.append(torch.empty(4 * MiB, dtype=torch.uint8, device="cuda:0"))
+    got = len(chunks) * 4 * MiB
+    del chunks, keep
+    assert 0 < got <= 64 * MiB, f"the capped block allocated {got / MiB:.0f} MiB with a 64 MiB budget"

@@ -317,7 +317,8 @@ def test_cluster_rejects_bad_inputs(func, args, kwargs, error, message):
 @pytest.mark.parametrize("attempt", ["SOLUTIONS", "WRONG"])
 def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt):
     """Exercise 06b.1 (tests/test_solutions.py leaves it here): the reference trainable passes its grader
-    on the connected cluster, and a trainable that reports once fails with the hint."""
+    on the connected cluster (a crash, a restart from its checkpoint), and a trainable that checkpoints but
+    never resumes fails with the hint."""
     ok, printed = graded("06b.1", *getattr(reference_solutions("06b"), attempt)["06b.1"])
     assert ok == (attempt == "SOLUTIONS"), printed
     assert printed.startswith("✅" if ok else "❌"), printed

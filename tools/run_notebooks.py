@@ -4,8 +4,9 @@
     python tools/run_notebooks.py notebooks/01_nodes_and_gpus.ipynb
 
 Runs each notebook in its own folder with the current environment's kernel, stores outputs and
-execution counts, drops widget state (``metadata.widgets``) so files stay small, and stops at the
-first cell that raises. Prints each notebook's wall time.
+execution counts, drops widget state (``metadata.widgets``) so files stay small, replaces a widget's
+text fallback (``VBox(children=(HTML(value=…``, what static viewers such as GitHub show) with one line
+saying what it is, and stops at the first cell that raises. Prints each notebook's wall time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+#: What a static viewer shows in place of a live widget (each widget cell also saves a picture or table).
+WIDGET_TEXT = "[interactive widget: run the notebook to use it; a static copy is saved with this cell]"
 
 
 def run(path: pathlib.Path, timeout: int = 600) -> float:
@@ -35,6 +39,11 @@ def run(path: pathlib.Path, timeout: int = 600) -> float:
     client.execute()
     elapsed = time.monotonic() - start
     nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data and "text/plain" in data:
+                data["text/plain"] = WIDGET_TEXT
     nbformat.write(nb, path)
     return elapsed
 

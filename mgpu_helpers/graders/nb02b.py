@@ -64,6 +64,7 @@ def _run_orders_rank(
     "the 1F1B order",
     hint="a stage warms up with just enough forwards to keep the stages after it busy, then alternates one "
     "forward and one backward, and ends with the backwards it still owes; F and B of each micro-batch once.",
+    forbid=("stage_order", "simulate", "simulate_orders"),
 )
 def grade_one_f_one_b(one_f_one_b: Callable[[int, int], Any]) -> str:
     if not callable(one_f_one_b):
@@ -126,9 +127,8 @@ def _train_rank(rank: int, world_size: int, train_stage: Callable[..., Any]) -> 
 @exercise(
     "02b.2",
     "train with Schedule1F1B",
-    hint="wrap this rank's module in a PipelineStage, make a Schedule1F1B with loss_fn, and an optimizer "
-    "over this stage's own parameters; each step: clear the gradients, schedule.step(...) as in §1, then "
-    "optimizer.step().",
+    hint="§1 built one pipeline step with the real API; training repeats it, and an optimizer can only "
+    "update the parameters this rank holds. What must happen to the gradients between two steps?",
 )
 def grade_train_stage(train_stage: Callable[..., Any]) -> str:
     if not callable(train_stage):

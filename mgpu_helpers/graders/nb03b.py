@@ -40,6 +40,7 @@ from ..exercises import Wrong, exercise
     hint="give each device the targets of its own chunk, compute the loss where each output already is, "
     "and combine the per-device losses so that the result is the mean over the whole batch, whatever the "
     "chunk sizes.",
+    forbid=("DataParallelCriterion", "DataParallelModel"),
 )
 def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
     """One step plain vs with the student's criterion: same loss and gradients, smaller device-0 peak."""

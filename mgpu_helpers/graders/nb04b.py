@@ -40,8 +40,9 @@ def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any]) ->
 @exercise(
     "04b.1",
     "repair a DDP training function",
-    hint="Three things go wrong in a multi-node job: which GPU a process picks (its index on its own node), "
-    "whether the DataLoader actually uses the sampler, and whether the sampler learns which epoch it is.",
+    hint="Follow one process through the grader's job (two nodes with one GPU each, 3 epochs): which GPU "
+    "number does it pick, and does its node have that GPU? Which items does it see in an epoch, and which of "
+    "them does the other rank see too? Does one epoch's order differ from the last one's?",
 )
 def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
     """2 gloo ranks as 2 nodes x 1 process: the GPU index, disjoint shards, a new order every epoch."""

@@ -130,8 +130,8 @@ def grade_amp_step(amp_step: Callable[..., object]) -> str:
 @exercise(
     "05a.2",
     "repair a gradient-accumulation step",
-    hint="compare the gradient that piles up in p.grad with the gradient of the mean loss over the whole "
-    "batch, and ask which lines should run once per micro-batch and which once per batch.",
+    hint="compare what one call does with one step on the whole batch: the gradient that reaches the "
+    "optimizer, and how many times the weights and the loss scale change.",
 )
 def grade_accumulated_step(accumulated_amp_step: Callable[..., object]) -> str:
     """Run ``accumulated_amp_step(model, optimizer, scaler, micro_batches, max_norm)``, ``max_norm=2``."""

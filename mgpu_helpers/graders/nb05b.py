@@ -1,5 +1,5 @@
 """Used by notebook 05b's exercises: a per-rank memory budget for DDP, ZeRO-1 and FSDP2, checked against a
-real sharded run on 2 gloo processes (05b.1), and an activation-checkpointing wrapper (05b.2).
+real sharded run on 2 gloo processes (05b.1), and activation checkpointing in segments (05b.2).
 
 05b.1 trains one step of fp32 Adam in each setup on two real gloo processes (``DistributedDataParallel``,
 ``ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``) and counts, on every rank, the bytes of the
@@ -7,14 +7,15 @@ parameters, gradients and optimizer state that rank holds (:func:`mgpu_helpers.p
 the student's budget must be within 5 % of each (the rest is whole-tensor partitioning, FSDP's padding
 and Adam's 4-byte step counters). It also checks N = 4 against the formulas of ZeRO's paper.
 
-05b.2 wraps each block of a residual MLP in the student's class and compares with the plain model: the
-same output and gradients (to 1e-6), and a lower peak of activation bytes (tracked by
-:class:`mgpu_helpers.memory.MemoryTracker`).
+05b.2 runs 12 residual blocks through the student's ``checkpoint_in_segments`` with 2 and 4 segments and
+compares with the plain blocks: the same output and gradients (to 1e-6), at most one block input per
+segment kept between forward and backward, and an activation peak under a target fraction of the plain
+one (all bytes from :class:`mgpu_helpers.memory.MemoryTracker`). ``checkpoint_sequential``, torch's own
+version, is not accepted.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -142,56 +143,74 @@ class _Block(nn.Module):
         return x + self.down(F.gelu(self.up(x)))
 
 
-def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor | None], int]:
-    """Output, gradients and peak activation bytes of one forward + backward."""
+def _step(
+    model: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor | None], int, int]:
+    """Output, gradients, activation bytes held between forward and backward, and their peak."""
     from ..memory import MemoryTracker
 
     model.zero_grad(set_to_none=True)
     tracker = MemoryTracker(model)
     with tracker:
-        out = model(x)
+        out = forward(x)
+        if not isinstance(out, torch.Tensor):
+            raise Wrong(f"your function returned {type(out).__name__}, not the output tensor.")
+        held = tracker.mark("after forward").bytes["other"]
         if not out.requires_grad:
-            raise Wrong("the wrapped blocks' output does not require grad: backward cannot reach a weight.")
+            raise Wrong("the output does not require grad: backward cannot reach a weight.")
         out.square().mean().backward()
     tracker.close()
-    return out.detach(), [p.grad for p in model.parameters()], tracker.peak["other"]
+    return out.detach(), [p.grad for p in model.parameters()], held, tracker.peak["other"]
+
+
+_N_BLOCKS = 12
+_TARGETS = {2: 0.6, 4: 0.4}  # segments -> the largest allowed activation peak, as a fraction of the plain one
 
 
 @exercise(
     "05b.2",
-    "activation checkpointing for a block",
-    hint="section 4 uses the function that runs a block without keeping its intermediates and runs it "
-    "again in backward; the wrapper's forward hands it the wrapped block and the input.",
+    "activation checkpointing in segments, to a memory target",
+    hint="checkpoint keeps only the input of whatever it runs and rebuilds that piece's intermediates in "
+    "backward: the pieces you hand it decide how many inputs stay alive and how much is rebuilt at once.",
+    forbid=("checkpoint_sequential",),
 )
-def grade_checkpointing(wrapper: type) -> str:
-    """Wrap each of 6 blocks in ``wrapper(block)``; compare outputs, gradients and peak activations."""
-    if not callable(wrapper):
-        raise Wrong(f"pass your class CheckpointedBlock itself, not {type(wrapper).__name__}.")
-    torch.manual_seed(0)
-    plain = nn.Sequential(*[_Block() for _ in range(6)])
-    wrapped = nn.Sequential(*[wrapper(block) for block in copy.deepcopy(plain)])
-    if not isinstance(wrapped[0], nn.Module):
-        raise Wrong(f"CheckpointedBlock(block) made a {type(wrapped[0]).__name__}, not an nn.Module.")
-    n_plain, n_wrapped = len(list(plain.parameters())), len(list(wrapped.parameters()))
-    if n_wrapped != n_plain:
-        raise Wrong(f"the wrapped model has {n_wrapped} parameter tensors, the plain one {n_plain}.")
-    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1))
-    out_p, grads_p, peak_p = _step(plain, x)
-    out_w, grads_w, peak_w = _step(wrapped, x)
-    if out_w.shape != out_p.shape or not torch.allclose(out_w, out_p, rtol=0, atol=1e-6):
-        raise Wrong("the wrapped blocks compute a different output from the plain blocks.")
-    for i, (gp, gw) in enumerate(zip(grads_p, grads_w, strict=True)):
-        if gw is None:
-            raise Wrong(f"parameter tensor {i} of the wrapped model got no gradient in backward.")
-        if not torch.allclose(gw, gp, rtol=0, atol=1e-6):
-            diff = (gw - gp).abs().max().item()
-            raise Wrong(f"parameter tensor {i}'s gradient differs from the plain model's by {diff:.3g}.")
-    if peak_w > 0.6 * peak_p:
+def grade_segments(checkpoint_in_segments: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]) -> str:
+    """Run ``checkpoint_in_segments(blocks, x, segments)`` on 12 blocks with 2 and 4 segments."""
+    if not callable(checkpoint_in_segments):
         raise Wrong(
-            f"the activation peak is {peak_w / 2**20:.2f} MiB with your wrapper and {peak_p / 2**20:.2f} MiB "
-            "without: the intermediates inside each block are still kept for backward."
+            f"pass your function checkpoint_in_segments itself, not {type(checkpoint_in_segments).__name__}."
         )
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[_Block() for _ in range(_N_BLOCKS)])
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1))
+    one_input = x.numel() * x.element_size()  # the bytes of one block's input (and output)
+    out_p, grads_p, _, peak_p = _step(blocks, x, blocks)
+    seen = []
+    for segments, target in _TARGETS.items():
+        out, grads, held, peak = _step(blocks, x, lambda t, s=segments: checkpoint_in_segments(blocks, t, s))
+        what = f"with {segments} segments"
+        if out.shape != out_p.shape or not torch.allclose(out, out_p, rtol=0, atol=1e-6):
+            raise Wrong(f"{what} the output differs from that of the plain blocks.")
+        for i, (gp, g) in enumerate(zip(grads_p, grads, strict=True)):
+            if g is None:
+                raise Wrong(f"{what} parameter tensor {i} got no gradient in backward.")
+            if not torch.allclose(g, gp, rtol=0, atol=1e-6):
+                diff = (g - gp).abs().max().item()
+                raise Wrong(
+                    f"{what} parameter tensor {i}'s gradient differs from the plain one by {diff:.3g}."
+                )
+        if held > (segments + 0.5) * one_input:
+            raise Wrong(
+                f"{what}, {held / one_input:.1f} block inputs' worth of activations ({held / 2**20:.2f} MiB) "
+                f"stay alive between forward and backward; {segments} checkpointed segments keep at most "
+                f"{segments}."
+            )
+        if peak > target * peak_p:
+            raise Wrong(
+                f"{what} the activation peak is {peak / peak_p:.2f}x that of the plain blocks "
+                f"({peak / 2**20:.2f} of {peak_p / 2**20:.2f} MiB); the target is {target}x."
+            )
+        seen.append(f"{segments} segments: {held / one_input:.0f} inputs kept, peak {peak / peak_p:.2f}x")
     return (
-        f"same output and gradients as the plain blocks, activation peak {peak_w / peak_p:.2f}x "
-        "the plain one (measured by the tracker)"
+        f"same output and gradients as {_N_BLOCKS} plain blocks; {'; '.join(seen)} (measured by the tracker)"
     )

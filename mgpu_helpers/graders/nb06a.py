@@ -1,5 +1,6 @@
-"""Used by notebook 06a's exercises: a random search (06a.1) and an Optuna objective that reports every
-epoch so that ASHA can prune it (06a.2). Both graders run the student's function for real."""
+"""Used by notebook 06a's exercises: a random search over a described search space (06a.1) and an
+Optuna objective that reports every epoch so that ASHA can prune it (06a.2). Both graders run the
+student's function for real."""
 
 from __future__ import annotations
 
@@ -25,50 +26,105 @@ def _grid_best() -> float:
     return max(_peak({"lr": 10**e, "width": w}) for e in (-3.5, -2.5, -1.5) for w in (8, 32, 128))
 
 
+#: The grader's own mixed space: a log range over four decades, a linear range, two sets of options.
+_SPACE = {
+    "lr": ("log", 1e-5, 1e-1),
+    "dropout": ("linear", 0.05, 0.5),
+    "optimizer": ("choice", ["sgd", "adam", "rmsprop"]),
+    "width": ("choice", [16, 32, 64, 128]),
+}
+
+
+def _spread(seen: list[dict[str, Any]]) -> list[str]:
+    """Check how the draws of every dimension of :data:`_SPACE` spread; return one summary per dimension."""
+    summary = []
+    for name, (kind, *args) in _SPACE.items():
+        values = [c[name] for c in seen]
+        if kind == "choice":
+            options = args[0]
+            if any(v not in options for v in values):
+                odd = sorted({str(v) for v in values if v not in options})[:4]
+                raise Wrong(f"'{name}' is a choice among {options}, but your draws include {odd}.")
+            shares = [values.count(o) / len(values) for o in options]
+            if min(shares) < 0.5 / len(options):
+                raise Wrong(
+                    f"'{name}' ({kind} among {options}): your draws picked them "
+                    f"{', '.join(f'{s:.0%}' for s in shares)} of the time."
+                )
+            summary.append(f"{name}: {len(options)} options")
+            continue
+        low, high = args
+        x = np.array(values, dtype=float)
+        if x.min() < low or x.max() > high:
+            raise Wrong(
+                f"'{name}' ranges over [{low}, {high}]; your draws go from {x.min():.3g} to {x.max():.3g}."
+            )
+        if kind == "log":
+            edges = np.logspace(np.log10(low), np.log10(high), 5)
+            shares = [
+                float(np.mean((x >= lo) & (x < hi))) for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+            ]
+            if min(shares) < 0.17:
+                raise Wrong(
+                    f"'{name}' is a log dimension over [{low}, {high}]; of {len(x)} draws, its four "
+                    f"decades got {', '.join(f'{s:.0%}' for s in shares)}."
+                )
+            summary.append(f"{name}: {', '.join(f'{s:.0%}' for s in shares)} per decade")
+        else:
+            lower = float(np.mean(x < (low + high) / 2))
+            if not 0.4 < lower < 0.6:
+                raise Wrong(
+                    f"'{name}' is a linear dimension over [{low}, {high}]; {lower:.0%} of your {len(x)} "
+                    "draws fell in the lower half of the range."
+                )
+            summary.append(f"{name}: {lower:.0%} in the lower half")
+    return summary
+
+
 @exercise(
     "06a.1",
-    "random search",
-    hint="draw the exponent uniformly: lr = 10 ** rng.uniform(-4, -1); "
-    "call the objective once per trial and keep the best config",
+    "random search over a described space",
+    hint="treat each kind of dimension on its own scale: a log range is uniform in the exponent (section 2), "
+    "a linear range in the value, a choice gives every option the same odds; and remember the best score",
 )
 def grade_random_search(random_search: Callable[..., Any]) -> str:
+    def recorder(seen: list[tuple[dict[str, Any], float]]) -> Callable[[Any], float]:
+        def objective(config: Any) -> float:
+            if not isinstance(config, dict) or set(config) != set(_SPACE):
+                shown = sorted(config) if isinstance(config, dict) else config
+                raise Wrong(
+                    f"objective was called with {shown!r}; a config has exactly the names {sorted(_SPACE)}."
+                )
+            score = -abs(math.log10(float(config["lr"])) + 3) - abs(float(config["dropout"]) - 0.2)
+            score += 0.01 * (config["optimizer"] == "adam") + 0.001 * math.log2(float(config["width"]))
+            seen.append((dict(config), score))
+            return score
+
+        return objective
+
     seen: list[tuple[dict[str, Any], float]] = []
-
-    def objective(config: Any) -> float:
-        if not isinstance(config, dict) or not {"lr", "width"} <= set(config):
-            raise Wrong(f"objective was called with {config!r}; pass a dict with the keys 'lr' and 'width'.")
-        score = _peak(config) + 0.001 * math.log2(config["width"])  # wider is a little better
-        seen.append((dict(config), score))
-        return score
-
-    best = random_search(objective, 600, 0)
+    best = random_search(recorder(seen), _SPACE, 600, 0)
     if len(seen) != 600:
         raise Wrong(f"with n_trials=600 the objective was called {len(seen)} times.")
-    lrs = np.array([c["lr"] for c, _ in seen], dtype=float)
-    if lrs.min() < LR_RANGE[0] or lrs.max() > LR_RANGE[1]:
-        raise Wrong(f"learning rates outside [1e-4, 1e-1]: from {lrs.min():.3g} to {lrs.max():.3g}.")
-    decades = [float(np.mean((lrs >= 10**e) & (lrs < 10 ** (e + 1)))) for e in (-4, -3, -2)]
-    if min(decades) < 0.25:
-        shares = ", ".join(f"{s:.0%}" for s in decades)
-        raise Wrong(
-            f"of 600 learning rates, the decades [1e-4, 1e-3), [1e-3, 1e-2), [1e-2, 1e-1) got "
-            f"{shares}; a log-uniform draw puts about a third in each."
-        )
-    widths = [c["width"] for c, _ in seen]
-    if not set(widths) <= set(WIDTHS) or len(set(widths)) < 6:
-        raise Wrong(f"widths tried: {sorted(set(widths))}; draw them from {list(WIDTHS)}.")
+    summary = _spread([c for c, _ in seen])
     top = max(seen, key=lambda item: item[1])[0]
-    if not isinstance(best, dict) or best.get("lr") != top["lr"] or best.get("width") != top["width"]:
+    if not isinstance(best, dict) or best != top:
         raise Wrong(f"you returned {best!r}, but the config with the highest score was {top!r}.")
-    again: list[float] = []
-    random_search(lambda c: again.append(c["lr"]) or 0.0, 5, 0)
-    if again != [c["lr"] for c, _ in seen[:5]]:
+    again: list[tuple[dict[str, Any], float]] = []
+    other: list[tuple[dict[str, Any], float]] = []
+    random_search(recorder(again), _SPACE, 600, 0)
+    random_search(recorder(other), _SPACE, 600, 1)
+    if again != seen:
         raise Wrong(
-            "the same seed gave different learning rates: draw everything from np.random.default_rng(seed)."
+            "the same seed gave a different search: draw everything from np.random.default_rng(seed)."
         )
+    if other == seen:
+        raise Wrong("seeds 0 and 1 gave the same search: the draws do not depend on the seed.")
     results = []
     for seed in range(1, 41):  # nine trials, as many as a 3 x 3 grid
-        chosen = random_search(_peak_only, 9, seed)
+        chosen = random_search(
+            _peak_only, {"lr": ("log", *LR_RANGE), "width": ("choice", list(WIDTHS))}, 9, seed
+        )
         results.append(_peak(chosen))
     grid = _grid_best()
     if np.mean(results) <= grid:
@@ -77,8 +133,8 @@ def grade_random_search(random_search: Callable[..., Any]) -> str:
             f"log grid {grid:.2f}; random search should beat it here."
         )
     return (
-        f"600 calls, learning rates log-uniform ({', '.join(f'{s:.0%}' for s in decades)} per decade), "
-        f"best config returned; 9 trials beat a 3 x 3 grid on average ({np.mean(results):.2f} vs {grid:.2f})"
+        f"600 calls on a mixed space ({'; '.join(summary)}), best config returned, seeded; "
+        f"9 trials beat a 3 x 3 log grid on average ({np.mean(results):.2f} vs {grid:.2f})"
     )
 
 
@@ -89,8 +145,8 @@ def _peak_only(config: dict[str, Any]) -> float:
 @exercise(
     "06a.2",
     "an objective ASHA can prune",
-    hint="inside the epoch loop: trial.report(accuracy, epoch), "
-    "then if trial.should_prune(): raise optuna.TrialPruned()",
+    hint="a pruner judges only what the trial told Optuna during training, and it cannot stop your loop "
+    "itself: read how intermediate values and pruning work in Optuna's tutorial",
 )
 def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
     import optuna
@@ -136,7 +192,10 @@ def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
         ):
             raise Wrong(f"trial {t.number} reported at steps {steps[t.number]}; report once per epoch.")
     if not pruned:
-        raise Wrong(f"none of {n_trials} trials was pruned: check trial.should_prune() after each report.")
+        raise Wrong(
+            f"none of {n_trials} trials was pruned, although this ASHA pruner stops about half of the trials "
+            "at each rung: its decisions were not acted on."
+        )
     if any(len(steps[t.number]) != max_t for t in complete):
         raise Wrong(
             f"a completed trial reported {[len(steps[t.number]) for t in complete]} epochs, "

@@ -1,5 +1,6 @@
-"""Used by notebook 06b's exercises: a Ray Tune trainable run by a real ``tune.Tuner`` (06b.1) and an
-``ASHAScheduler`` configured for given rungs, checked against Ray's own scheduler (06b.2).
+"""Used by notebook 06b's exercises: a Ray Tune trainable that checkpoints and resumes, run by a real
+``tune.Tuner`` with a simulated crash (06b.1), and an ``ASHAScheduler`` configured for given rungs,
+checked against Ray's own scheduler (06b.2).
 
 06b.1 uses the Ray the notebook is connected to (its ``LocalRayCluster``); with none, it starts one for
 the check with :func:`mgpu_helpers.tuning.local_ray` (127.0.0.1, two CPUs) and stops it afterwards. A
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,7 +23,8 @@ import numpy as np
 
 from ..exercises import Wrong, exercise
 
-_CONFIG = {"l1": 16, "l2": 16, "lr": 0.05, "batch_size": 64, "max_epochs": 3}
+_CONFIG = {"l1": 16, "l2": 16, "lr": 0.05, "batch_size": 64, "max_epochs": 4, "seed": 1}
+_CRASH_BEFORE = 3  # the simulated crash hits when epoch 3 starts, after two reports
 
 
 @contextlib.contextmanager
@@ -58,11 +61,43 @@ def _by_value(fn: Callable[..., Any]) -> Iterator[None]:
             cloudpickle.unregister_pickle_by_value(module)
 
 
+def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[str, Any]], None]:
+    """``trainable`` wrapped so that its first attempt to train epoch :data:`_CRASH_BEFORE` raises.
+
+    The crash is raised by :meth:`TrialRun.step` (patched in the trial's worker process only, while the
+    trial runs), so it hits the student's loop wherever it is; ``marker`` (a file path) records that it
+    happened, because the retried trial runs in a new actor.
+    """
+
+    def crashing(config: dict[str, Any]) -> None:
+        from pathlib import Path
+
+        from mgpu_helpers.tuning import SimulatedCrash, TrialRun
+
+        original = TrialRun.step
+
+        def step(self: Any) -> dict[str, float]:
+            if self.epoch == _CRASH_BEFORE - 1 and not Path(marker).exists():
+                Path(marker).touch()
+                raise SimulatedCrash(f"simulated crash before epoch {_CRASH_BEFORE} (by the grader)")
+            return original(self)
+
+        TrialRun.step = step
+        try:
+            trainable(config)
+        finally:
+            TrialRun.step = original
+
+    return crashing
+
+
 @exercise(
     "06b.1",
-    "a Ray Tune trainable",
-    hint="loop over config['max_epochs'] epochs; after each run.step(), "
-    "call tune.report({'loss': ..., 'accuracy': ...})",
+    "a trainable that survives a crash",
+    hint="a retried trial calls your function again from the top, and Tune can hand it the checkpoint "
+    "reported last: read 'function API checkpointing' in Ray Tune's docs, and save everything that "
+    "makes the next epoch what it would have been",
+    forbid=("train_mlp",),
 )
 def grade_trainable(trainable: Callable[..., Any]) -> str:
     from ray import tune
@@ -79,43 +114,58 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
         tempfile.TemporaryDirectory() as storage,
         contextlib.redirect_stdout(printed),
     ):
-        results = tune.Tuner(
-            tune.with_resources(trainable, {"cpu": 1}),
-            param_space={**_CONFIG, "seed": tune.grid_search([0, 1])},
-            tune_config=tune.TuneConfig(reuse_actors=True),
-            run_config=tune.RunConfig(name="grader_06b_1", storage_path=storage, verbose=0),
-        ).fit()
-        runs = [(r.config["seed"], r.error, r.metrics_dataframe) for r in results]
+        marker = os.path.join(storage, "crashed")
+        result = tune.Tuner(
+            tune.with_resources(_crash_once(trainable, marker), {"cpu": 1}),
+            param_space=dict(_CONFIG),
+            run_config=tune.RunConfig(
+                name="grader_06b_1",
+                storage_path=storage,
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=1),
+            ),
+        ).fit()[0]
+        crashed, error, df = os.path.exists(marker), result.error, result.metrics_dataframe
+        checkpoint = result.checkpoint
     epochs = _CONFIG["max_epochs"]
-    for seed, error, df in sorted(runs, key=lambda item: item[0]):
-        if error is not None:
-            last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-            raise Wrong(f"the trial with seed {seed} failed inside Ray: {last}")
-        if df is None or not {"loss", "accuracy"} <= set(df.columns):
-            columns = [] if df is None else sorted(c for c in df.columns if "/" not in c)[:8]
-            raise Wrong(f"the trial with seed {seed} reported no 'loss' and 'accuracy' (columns: {columns}).")
-        if len(df) != epochs:
+    if error is not None:
+        last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise Wrong(f"the trial failed inside Ray{' after its restart' if crashed else ''}: {last}")
+    if not crashed:
+        raise Wrong(f"your trainable never started epoch {_CRASH_BEFORE} of {epochs}: the crash never came.")
+    if df is None or not {"loss", "accuracy"} <= set(df.columns):
+        columns = [] if df is None else sorted(c for c in df.columns if "/" not in c)[:8]
+        raise Wrong(f"the trial reported no 'loss' and 'accuracy' (columns: {columns}).")
+    if checkpoint is None:
+        raise Wrong(
+            f"the trial reported no checkpoint, so when it crashed before epoch {_CRASH_BEFORE}, Tune could "
+            "only start it again from scratch."
+        )
+    hyper = {k: _CONFIG[k] for k in ("l1", "l2", "lr", "batch_size")}
+    expected = train_locally(hyper, epochs, seed=_CONFIG["seed"])
+    # Rows are matched by Tune's training_iteration, which a restored trial continues from its checkpoint.
+    # (A report made just before a crash can be missing from the history: a race inside Ray.)
+    iterations = [int(i) for i in df["training_iteration"]]
+    for column in ("loss", "accuracy"):
+        got = [float(v) for v in df[column]]
+        want = [expected[i - 1][column] if 1 <= i <= epochs else float("nan") for i in iterations]
+        if iterations[-1] != epochs or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
             raise Wrong(
-                f"the trial with seed {seed} reported {len(df)} time(s) for {epochs} epochs; a scheduler "
-                "needs one report per epoch."
+                f"the trial crashed before epoch {_CRASH_BEFORE} and was restarted; over Tune's iterations "
+                f"{iterations} it reported {column} {[round(v, 4) for v in got]}, but one uninterrupted run "
+                f"of {epochs} epochs gives {[round(m[column], 4) for m in expected]}."
             )
-        expected = train_locally({k: _CONFIG[k] for k in ("l1", "l2", "lr", "batch_size")}, epochs, seed=seed)
-        for column in ("loss", "accuracy"):
-            want = [m[column] for m in expected]
-            if not np.allclose(list(df[column]), want, rtol=1e-5, atol=1e-6):
-                got = [round(float(v), 4) for v in df[column]]
-                raise Wrong(
-                    f"seed {seed}: reported {column} {got}, but TrialRun(config, seed=config['seed']) "
-                    f"gives {[round(v, 4) for v in want]} epoch by epoch."
-                )
-    return f"two trials under tune.Tuner, {epochs} reports each, equal to TrialRun outside Ray"
+    return (
+        f"crashed before epoch {_CRASH_BEFORE}, restarted by Tune from your checkpoint, and its reports "
+        f"equal one uninterrupted run of {epochs} epochs"
+    )
 
 
 @exercise(
     "06b.2",
     "configure ASHA",
-    hint="rungs are grace_period * reduction_factor**k up to max_t: the first "
-    "rung is the grace period, and each rung is reduction_factor times the one before",
+    hint="look at how Ray's ASHA places its rungs (section 2, and tuning.asha_milestones): which "
+    "parameters decide where the first rung is, how far apart the rungs are, and where they end?",
 )
 def grade_scheduler(make_scheduler: Callable[..., Any]) -> str:
     from ray.tune.schedulers import ASHAScheduler

@@ -3,7 +3,10 @@ and a batch-size search that uses the formula's upper bound (07a.2).
 
 07a.1 runs the student's loop for real under a :class:`~mgpu_helpers.memory.MemoryTracker`, marking the
 tracked tensor bytes after every ``optimizer.step()`` (a step hook): in a loop that keeps nothing from
-one batch to the next those readings are exactly equal. The returned loss and accuracy and the trained
+one batch to the next those readings are exactly equal. The same hook counts the autograd graph nodes
+still reachable from the loop's local variables (found by the loop's code object on the stack): after
+``backward()`` a kept graph holds no saved tensors any more, so the tracker cannot see it, but its node
+count grows with every batch. The returned loss and accuracy and the trained
 weights are compared with a reference loop computed here. 07a.2 runs the student's search against
 probes with known limits and counts the probes.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import sys
 from collections.abc import Callable
 
 import torch
@@ -54,18 +58,48 @@ def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _graph_nodes(values: object) -> int:
+    """Autograd nodes reachable from the tensors among ``values`` (and inside lists, tuples, dicts)."""
+    roots, seen = [], set()
+    for value in values:
+        items = value.values() if isinstance(value, dict) else value
+        for item in items if isinstance(items, list | tuple) else (value,):
+            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+                roots.append(item.grad_fn)
+    while roots and len(seen) < 100_000:
+        node = roots.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            roots.extend(next_fn for next_fn, _ in node.next_functions)
+    return len(seen)
+
+
+def _loop_graph_nodes(code: object) -> int | None:
+    """:func:`_graph_nodes` of the locals of the running frame of ``code``; None if it is not on the stack."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return None if frame is None else _graph_nodes(list(frame.f_locals.values()))
+
+
 @exercise(
     "07a.1",
     "repair a leaking training loop",
-    hint="look for anything that outlives its iteration: a tensor added into a running total keeps its "
-    "autograd graph, and a list of outputs keeps every batch's output. Keep Python numbers instead.",
+    hint="measure before you change anything: mark a MemoryTracker after every step, as in §4.1, and see "
+    "what grows. Then ask, of every name the loop still holds when an iteration ends, what it refers to.",
 )
 def _grade_leak(train_epoch: Callable[..., object]) -> str:
     model, batches = _setup()
     reference_model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = MemoryTracker(model, optimizer)
-    handle = optimizer.register_step_post_hook(lambda *_: tracker.mark("step"))
+    code, graphs = getattr(train_epoch, "__code__", None), []
+
+    def after_step(*_: object) -> None:
+        tracker.mark("step")
+        graphs.append(_loop_graph_nodes(code))
+
+    handle = optimizer.register_step_post_hook(after_step)
     try:
         with tracker:
             result = train_epoch(model, optimizer, batches)
@@ -81,6 +115,12 @@ def _grade_leak(train_epoch: Callable[..., object]) -> str:
             f"tracked tensor memory after each optimizer step went {readings[1]:,} B → {readings[-1]:,} B "
             f"over {_STEPS - 1} steps (+{growth.bytes_per_step:,.0f} B per step): something still survives "
             "from one batch to the next."
+        )
+    if None not in graphs and graphs[-1] > graphs[1]:
+        raise Wrong(
+            f"after each optimizer step the loop's variables still reach an autograd graph that grew from "
+            f"{graphs[1]} to {graphs[-1]} nodes over {_STEPS - 1} steps (the tracked bytes stayed flat: "
+            "backward() freed its saved tensors, not the graph): something keeps a graph across batches."
         )
     if not (isinstance(result, tuple) and len(result) == 2 and all(_is_number(v) for v in result)):
         got = (

@@ -107,9 +107,8 @@ def _source_line(fn: Callable[..., object], marker: str) -> str:
 @exercise(
     "07b.2",
     "find where a call is stuck",
-    hint="arm a dump before calling fn (faulthandler.dump_traceback_later into a file, or a threading.Timer "
-    "that reads sys._current_frames()), cancel it when fn returns, and among the frames of the thread that "
-    "runs fn take the innermost one in fn's own file (faulthandler lists the most recent call first).",
+    hint="while fn is blocked it cannot report on itself: something other than the call has to read its "
+    "stack after after_s seconds (§4.2), and must not fire once fn has returned.",
 )
 def _grade_stuck(stuck_at: Callable[[Callable[[], object], float], object]) -> str:
     cases = (

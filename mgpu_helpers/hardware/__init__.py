@@ -41,6 +41,7 @@ from .backend import BACKENDS, choose_backend, recommended_device
 from .node import GPUInfo, NodeInfo, describe_node
 from .report import format_node_table, hardware_label
 from .sources import nvml_memory
+from .visible import visible_gpu_count
 
 __all__ = [
     "BACKENDS",
@@ -52,4 +53,5 @@ __all__ = [
     "hardware_label",
     "nvml_memory",
     "recommended_device",
+    "visible_gpu_count",
 ]

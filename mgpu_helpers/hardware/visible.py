@@ -41,6 +41,34 @@ def _parse_visible_devices(value: str) -> list[int] | list[str] | None:
     return indices
 
 
+def visible_gpu_count(value: str | None, physical: int) -> int:
+    """How many GPUs a process sees with ``CUDA_VISIBLE_DEVICES=value`` on a machine with ``physical``.
+
+    CUDA's rule (notebook 01 checks it on real processes): unset shows every GPU; ``""`` or ``"-1"``
+    hide all; the list is read in order up to the first entry that names no GPU (so ``"1,0"`` on a
+    1-GPU machine shows **0**), and a repeated entry hides every GPU.
+
+    Args:
+        value: the variable's value, or None when it is unset.
+        physical: the number of GPUs the driver has (``torch.cuda.device_count()`` with it unset).
+    """
+    if isinstance(physical, bool) or not isinstance(physical, int) or physical < 0:
+        raise ValueError(f"physical must be a GPU count >= 0, such as 2, not {physical!r}")
+    if value is None:
+        return physical
+    if not isinstance(value, str):
+        raise TypeError(f"value must be the variable's text such as '1,0', or None when unset, not {value!r}")
+    parsed = _parse_visible_devices(value)
+    if parsed is None or any(isinstance(entry, str) for entry in parsed):
+        raise ValueError(f"{value!r} names GPUs by UUID or MIG instance: count them with torch in a process")
+    count = 0
+    for index in parsed:
+        if index >= physical:
+            break
+        count += 1
+    return count
+
+
 def _apply_visible_devices(rows: list[_Row], wanted: list[int] | list[str]) -> list[_Row] | None:
     """Keep the rows CUDA can see, in CUDA order, re-indexed from 0; None if UUIDs are missing.
 

@@ -18,14 +18,26 @@ __all__ = ["cuda_memory_cap"]
 
 
 def cuda_memory_cap(limit_bytes: int, device: DeviceLike = 0) -> contextlib.AbstractContextManager[float]:
-    """Let PyTorch's caching allocator on ``device`` use at most ``limit_bytes`` more than it holds now.
+    """Let the block allocate at most ``limit_bytes`` on ``device`` beyond the tensors alive now.
 
-    Use it as ``with cuda_memory_cap(128 * 1024**2, "cuda:0") as fraction: ...``. Sets
-    ``torch.cuda.set_per_process_memory_fraction`` to (reserved now + ``limit_bytes``) / capacity for the
-    block and back to 1.0 afterwards; yields the fraction. An allocation past the cap raises
-    ``torch.OutOfMemoryError`` exactly as a full GPU would, but the GPU still has room, so nothing else
-    (other processes, the notebook) is affected. The cap covers tensors and the allocator's cache,
-    not the CUDA context (a few hundred MiB that ``nvidia-smi`` shows on top).
+    Use it as ``with cuda_memory_cap(128 * 1024**2, "cuda:0") as fraction: ...``. Frees what nothing
+    refers to (:func:`free_memory`), then sets ``torch.cuda.set_per_process_memory_fraction`` to
+    (allocated now + ``limit_bytes``) / capacity for the block and back to 1.0 afterwards; yields the
+    fraction.
+
+    Why *allocated* and not *reserved*: the fraction bounds the allocator's reserved segments, and a
+    segment that holds a live tensor (a model left on the GPU, cuBLAS's workspace) cannot be released, so
+    after ``empty_cache`` reserved = allocated + the free room inside those segments. Counting from
+    reserved would hand the block that room on top of ``limit_bytes`` (up to ~20 MiB per such segment),
+    and a batch-size search would find more than a budget of ``limit_bytes`` allows; counting from
+    allocated gives the block ``limit_bytes`` in all, free room included. The room inside a segment only
+    takes tensors that fit in it, so what the block can use is at most ``limit_bytes``, never more — as
+    long as that room is smaller than ``limit_bytes`` (true for the MiB-sized budgets of the demos).
+    The cap is per device and per process: other GPUs and other processes are not affected.
+
+    An allocation past the cap raises ``torch.OutOfMemoryError`` exactly as a full GPU would, but the GPU
+    still has room, so nothing else (other processes, the notebook) is affected. The cap covers tensors
+    and the allocator's cache, not the CUDA context (a few hundred MiB that ``nvidia-smi`` shows on top).
 
     Args:
         limit_bytes: extra bytes the block may allocate (an int > 0).
@@ -56,7 +68,7 @@ def _capped(limit_bytes: int, dev: torch.device) -> Iterator[float]:
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     free_memory(dev)
     total = torch.cuda.get_device_properties(index).total_memory
-    fraction = min(1.0, (torch.cuda.memory_reserved(index) + limit_bytes) / total)
+    fraction = min(1.0, (torch.cuda.memory_allocated(index) + limit_bytes) / total)  # see the docstring
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     try:
         yield fraction

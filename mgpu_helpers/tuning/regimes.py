@@ -9,7 +9,8 @@ budget is exact). The result of a search is judged **at equal budget**: the best
 among trials that trained the full ``max_t`` epochs; a trial cut by the end of the budget or stopped
 by ASHA does not count.
 
-* ``"toy"`` — the notes' search space (learning rate in [1e-4, 1e-1]) and short training (8 epochs):
+* ``"toy"`` — the notes' widths and learning-rate range [1e-4, 1e-1], batch sizes 16-64 (the notes'
+  2-16 make epochs slower) and short training (8 epochs):
   most configurations are fine and reach their level within a few epochs, so stopping bad ones
   early saves little;
 * ``"favourable"`` — long training (27 epochs, rungs 1, 3, 9, 27) on a task that keeps improving,
