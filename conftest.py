@@ -7,6 +7,15 @@ import pytest
 
 from mgpu_helpers.processes import stop_processes
 
+
+def pytest_configure(config):
+    """One intra-op thread in the test process: unit tests assert behaviour, not speed, and on a
+    2-core CI machine a multi-threaded pool spin-waits against the notebook kernels and Ray workers
+    running beside it (a 0.1 s test took 24 s). Notebook kernels are separate processes: unaffected."""
+    import torch
+
+    torch.set_num_threads(1)
+
 # Python's multiprocessing starts one resource-tracker process per interpreter the first time 'spawn'
 # or 'forkserver' is used; it belongs to the interpreter and exits with it, so it is not a leak.
 _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")

@@ -6,6 +6,7 @@ Waits poll with a deadline (they only catch hangs); nothing here asserts on elap
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,9 +115,17 @@ def signal_parent_and_watch(
     descendants (pids taken *before* the signal) to be gone. Returns the parent's output, which goes to
     a file: a pipe would stay open as long as any child that inherited it lives."""
     env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir else None
+    # Ctrl-C raises KeyboardInterrupt, as in a kernel, even when the tests run as a background job
+    # (a non-interactive shell starts those with SIGINT ignored, and Python keeps that). SIGUSR1 makes
+    # the parent print every thread's stack: what it was stuck in, if it never exits.
+    code = (
+        "import faulthandler, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    ) + textwrap.dedent(code)
     with tempfile.TemporaryFile() as log:
         parent = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(code), *args],
+            [sys.executable, "-c", code, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -127,7 +136,17 @@ def signal_parent_and_watch(
                 f"{min_descendants} processes under the parent",
             )
             os.kill(parent.pid, sig)
-            parent.wait(timeout=HANG_DEADLINE_S)
+            try:
+                parent.wait(timeout=HANG_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                os.kill(parent.pid, signal.SIGUSR1)
+                time.sleep(1)
+                log.seek(0)
+                stacks = log.read().decode(errors="replace")[-4000:]
+                raise AssertionError(
+                    f"the parent did not exit within {HANG_DEADLINE_S} s of signal {sig}; its output and "
+                    f"stacks:\n{stacks}\nits processes: {[p.pid for p in live_descendants(parent.pid)]}"
+                ) from None
             wait_until(lambda: not any(is_alive(p) for p in tree), "the parent's processes to exit")
         finally:
             if parent.poll() is None:

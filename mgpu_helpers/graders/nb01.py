@@ -197,6 +197,7 @@ def _measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, in
     "training bytes by category",
     hint="count numel × element_size() per parameter tensor; only parameters that require grad get "
     "gradients and optimizer state; what does each optimizer keep per parameter, and per tensor?",
+    forbid=("MemoryTracker", "backward", "step", "deepcopy", "load_state_dict"),  # predict, do not measure
 )
 def _grade_training_bytes(training_bytes: Callable[[nn.Module, torch.optim.Optimizer], Any]) -> str:
     for what, model, make_optimizer in _cases():

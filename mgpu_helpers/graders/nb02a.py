@@ -119,6 +119,7 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
     "GPipe on p stages",
     hint="a middle stage receives from rank - 1 and sends to rank + 1; run all m forwards before the first "
     "backward; the last stage's loss for each micro-batch counts 1/m of the batch's mean loss.",
+    forbid=("run_order",),
 )
 def grade_gpipe_step(gpipe_step: Callable[..., Any]) -> str:
     if not callable(gpipe_step):

@@ -129,6 +129,7 @@ def _train_rank(rank: int, world_size: int, train_stage: Callable[..., Any]) -> 
     "train with Schedule1F1B",
     hint="§1 built one pipeline step with the real API; training repeats it, and an optimizer can only "
     "update the parameters this rank holds. What must happen to the gradients between two steps?",
+    forbid=("run_order", "stage_order"),
 )
 def grade_train_stage(train_stage: Callable[..., Any]) -> str:
     if not callable(train_stage):

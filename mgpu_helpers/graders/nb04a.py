@@ -15,6 +15,7 @@ rank's gradients with those of one process on the whole batch from rank 0's weig
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -163,13 +164,21 @@ def _batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, dtype=torch.float64, generator=gen), torch.randint(0, 3, (n,), generator=gen)
 
 
+def _count_rows(rows: list[int], _module: Any, inputs: tuple[Any, ...]) -> None:
+    rows[0] += len(inputs[0])
+
+
 def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any]) -> list[Any]:
     out = []
     for n in _SIZES:
         model = _model(100 + rank)  # different weights on each rank: only rank 0's may count
+        rows = [0]  # how many samples this rank's model really saw (its share, not the whole batch)
+        model.register_forward_pre_hook(functools.partial(_count_rows, rows))
         x, y = _batch(n)
         ddp_step(rank, world_size, model, x, y)
-        out.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
+        out.append(
+            ([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()], rows[0])
+        )
     return out
 
 
@@ -190,8 +199,14 @@ def grade_ddp_step(ddp_step: Callable[..., Any]) -> str:
         x, y = _batch(n)
         F.cross_entropy(reference(x), y).backward()
         expected = [p.grad for p in reference.parameters()]
+        seen = [out[i][1] for out in ranks]
+        if sum(seen) != n or max(seen) == n:
+            raise Wrong(
+                f"with a global batch of {n} the ranks' models saw {seen} samples: each rank must run "
+                f"forward on its own share only, and the shares together make up the batch."
+            )
         for rank, out in enumerate(ranks):
-            grads = out[i]
+            grads = out[i][0]
             if any(g is None for g in grads):
                 raise Wrong(
                     f"with a global batch of {n}, rank {rank}'s model has no gradient after your step."

@@ -3,9 +3,10 @@ gradient accumulation with ``no_sync()`` (04b.2), each run on 2 real gloo proces
 :func:`mgpu_helpers.launching.launch`.
 
 04b.1 runs the student's ``shard_epochs(dataset, epochs)`` as the only process of each of two simulated
-nodes (global ranks 0 and 1, both with ``LOCAL_RANK=0``) on a 24-item dataset for 3 epochs, and checks
-that each rank picks the GPU of its local rank, that in every epoch the two ranks see disjoint halves of
-the dataset, and that every rank's order changes from epoch to epoch.
+nodes (global ranks 0 and 1, both with ``LOCAL_RANK=0``), then as two processes of one node, on a
+24-item dataset for 3 epochs, and checks that each rank picks the GPU of its local rank, that in every
+epoch the two ranks see disjoint halves of the dataset, and that every rank's order changes from epoch
+to epoch.
 
 04b.2 wraps a small float64 model in DDP on each rank, counts the buckets DDP all-reduces (a
 communication hook around PyTorch's default one), hands the student's ``accumulate(ddp_model,
@@ -31,24 +32,26 @@ from ._ranks import run_ranks
 _ITEMS, _EPOCHS = 24, 3
 
 
-def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any]) -> Any:
-    # Two nodes with one process each: global ranks 0 and 1, local rank 0 on both.
-    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), NODE_RANK=str(rank))
+def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any], one_node: bool) -> Any:
+    if one_node:  # one node with two processes: local ranks 0 and 1
+        os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", GROUP_RANK="0", NODE_RANK="0")
+    else:  # two nodes with one process each: global ranks 0 and 1, local rank 0 on both
+        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), NODE_RANK=str(rank))
     return shard_epochs(torch.arange(_ITEMS), _EPOCHS)
 
 
 @exercise(
     "04b.1",
     "repair a DDP training function",
-    hint="Follow one process through the grader's job (two nodes with one GPU each, 3 epochs): which GPU "
-    "number does it pick, and does its node have that GPU? Which items does it see in an epoch, and which of "
-    "them does the other rank see too? Does one epoch's order differ from the last one's?",
+    hint="Follow one process through the grader's jobs (2 nodes x 1 GPU, then 1 node x 2 GPUs; 3 epochs): "
+    "which GPU number does it pick, and does its node have that GPU? Which items does it see in an epoch, "
+    "and which of them does the other rank see too? Does one epoch's order differ from the last one's?",
 )
 def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
-    """2 gloo ranks as 2 nodes x 1 process: the GPU index, disjoint shards, a new order every epoch."""
+    """2 gloo ranks as 2 nodes x 1 process and as 1 node x 2: GPU index, disjoint shards, new orders."""
     if not callable(shard_epochs):
         raise Wrong(f"pass the function shard_epochs itself, not {type(shard_epochs).__name__}")
-    ranks = run_ranks(_shard_rank, 2, shard_epochs)
+    ranks = run_ranks(_shard_rank, 2, shard_epochs, False)
     for rank, out in enumerate(ranks):
         if not isinstance(out, dict) or set(out) != {"gpu", "seen"}:
             raise Wrong(f"rank {rank} returned {out!r:.80}; keep the return value {{'gpu': …, 'seen': …}}.")
@@ -59,6 +62,14 @@ def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
             raise Wrong(
                 f"rank {rank} is the only process on its node, whose one GPU is cuda:0, but it picked "
                 f"GPU {out['gpu']!r}."
+            )
+    one_node = run_ranks(_shard_rank, 2, shard_epochs, True)
+    for rank, out in enumerate(one_node):
+        gpu = out.get("gpu") if isinstance(out, dict) else None
+        if gpu != rank:
+            raise Wrong(
+                f"on one node with two processes, the process with global rank {rank} picked GPU {gpu!r}; "
+                "two processes of a node must not share a GPU."
             )
     for epoch in range(_EPOCHS):
         first, second = (list(map(int, out["seen"][epoch])) for out in ranks)
@@ -78,8 +89,9 @@ def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
                 f"rank {rank} saw the same items in the same order in every epoch: {list(orders[0])[:6]} …"
             )
     return (
-        "on 2 real gloo processes (2 nodes x 1 process) each rank picks cuda:0, the ranks split the data "
-        "without overlap in every epoch, and each epoch brings a new order."
+        "on 2 real gloo processes (as 2 nodes x 1 process, and as 1 node x 2 processes) each rank picks the "
+        "GPU of its node it was started for, the ranks split the data without overlap in every epoch, and "
+        "each epoch brings a new order."
     )
 
 
@@ -119,8 +131,11 @@ def _accum_rank(rank: int, world_size: int, accumulate: Callable[..., Any]) -> d
         return allreduce_hook(state, bucket)
 
     ddp_model.register_comm_hook(None, counting_hook)
+    forwards: list[int] = []  # rows of each forward pass: one per micro-batch, not one concatenated batch
+    model.register_forward_pre_hook(lambda _m, inputs: forwards.append(len(inputs[0])))
     accumulate(ddp_model, _micro_batches(rank))
     return {
+        "forwards": forwards,
         "all_reduces": calls[0],
         "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
     }
@@ -143,6 +158,11 @@ def grade_accumulate(accumulate: Callable[..., Any]) -> str:
     F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
     expected = [p.grad for p in reference.parameters()]
     for rank, out in enumerate(ranks):
+        if out["forwards"] != [_PER_MICRO] * _MICRO:
+            raise Wrong(
+                f"rank {rank}'s model ran forward on {out['forwards']} samples; accumulation runs forward "
+                f"and backward on each of the {_MICRO} micro-batches of {_PER_MICRO} in turn."
+            )
         if out["all_reduces"] == 0:
             raise Wrong(
                 f"DDP never all-reduced a gradient on rank {rank}: the ranks' gradients were never averaged."

@@ -65,6 +65,8 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
     scaler = torch.amp.GradScaler("cpu", init_scale=_SCALE, growth_interval=10**6)
     dtypes: set[torch.dtype] = set()
     hook = model[0].register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+    rows: list[int] = []  # rows of each forward pass: with micro-batches, one pass per micro-batch
+    rows_hook = model.register_forward_pre_hook(lambda _m, inputs: rows.append(len(inputs[0])))
 
     def call(x: torch.Tensor, y: torch.Tensor) -> None:
         if micro:
@@ -77,6 +79,12 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
             call(x, y)
     finally:
         hook.remove()
+        rows_hook.remove()
+    if micro and max(rows) > _MICRO:
+        raise Wrong(
+            f"a forward pass ran on {max(rows)} rows: accumulation runs forward and backward on each "
+            f"micro-batch of {_MICRO} rows in turn, never on the whole batch at once."
+        )
     if torch.bfloat16 not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in sorted(dtypes, key=str)) or "nothing"
         raise Wrong(f"the first Linear layer computed in {names}, not in bfloat16.")

@@ -95,6 +95,7 @@ def _as_budget(budget: Any, call: str) -> dict[str, float]:
     "a per-rank memory budget, checked against a real sharded run",
     hint="fp32 Adam keeps 4 bytes of weight, 4 of gradient and 8 of optimizer state per parameter; "
     "ask for each setup which of the three it divides among the ranks.",
+    forbid=("predict_memory", "estimate"),
 )
 def grade_budget(per_rank_bytes: Callable[[int, int, str], dict]) -> str:
     """Compare ``per_rank_bytes(n_params, world_size, setup)`` with what 2 real ranks hold."""

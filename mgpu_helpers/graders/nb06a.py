@@ -162,7 +162,10 @@ def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
             sampler=optuna.samplers.RandomSampler(seed=0),
             pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
         )
-        study.optimize(lambda t: pruned_objective(t, max_t), n_trials=n_trials, catch=())
+        study.optimize(lambda t: pruned_objective(t, max_t), n_trials=1, catch=())
+        if not study.trials[0].intermediate_values:  # say so after one training, not ten
+            raise Wrong("your first trial reported no intermediate value, so a pruner can never stop it.")
+        study.optimize(lambda t: pruned_objective(t, max_t), n_trials=n_trials - 1, catch=())
     finally:
         optuna.logging.set_verbosity(level)
     trials = study.trials

@@ -176,6 +176,10 @@ def _join_group(rank: int, world_size: int, port: int, backend: str, timeout: ti
     else:
         store = dist.TCPStore(LOOPBACK, port, world_size, False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    # Every rank has finished connecting to every other before fn runs: otherwise a rank whose fn makes
+    # no collective can return and tear the group down while a peer is still connecting to it
+    # ("Gloo connectFullMesh failed ... Connection closed by peer").
+    dist.barrier()
 
 
 def _worker(

@@ -329,9 +329,11 @@ class LocalRayCluster:
         port = self._head.port or self._port or 6379
         return [
             f"# on the head machine (its address on the network, e.g. {head_ip}):",
+            "export RAY_AUTH_MODE=token   # token authentication (Ray >= 2.52; the default only from 2.61)",
             "export RAY_AUTH_TOKEN=<secret>   # one token for every node: `ray get-auth-token --generate`",
             f"ray start --head --node-ip-address={head_ip} --port={port} --include-dashboard=false",
             "# on the second machine (same Python, same Ray and torch versions):",
+            "export RAY_AUTH_MODE=token",
             "export RAY_AUTH_TOKEN=<secret>",
             f"ray start --address={head_ip}:{port}",
             "# anywhere in the cluster:",
