@@ -29,6 +29,9 @@ class Notebook:
     #: The ``mgpu_helpers`` modules the notebook imports (checked against its code by a test).
     helpers: tuple[str, ...] = ()
     ready: bool = True
+    #: The package extra this notebook needs beyond the base install ("" for none); its first cell
+    #: installs that extra's packages where they are missing (checked by a test).
+    extra: str = ""
 
     @property
     def colab_url(self) -> str:
@@ -65,6 +68,21 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=("data", "exercises", "figures", "hardware", "launching", "memory", "models"),
     ),
     Notebook(
+        "01b",
+        "01b_interactive_ranks.ipynb",
+        "Interactive multi-rank cells",
+        "a live process group typed cell by cell with ipyparallel's %%px: ranks, send/recv, all_reduce, "
+        "broadcast, all_gather",
+        "2–4 engines on gloo",
+        "2–4 engines on gloo",
+        "one engine per GPU on NCCL",
+        helpers=(
+            "exercises",
+            "interactive",
+        ),
+        extra="interactive",
+    ),
+    Notebook(
         "02a",
         "02a_model_parallel_by_hand.ipynb",
         "Model parallel: the naive split and pipelining by hand",
@@ -95,6 +113,20 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "hardware",
             "launching",
             "pipeline",
+        ),
+    ),
+    Notebook(
+        "02c",
+        "02c_tensor_parallel.ipynb",
+        "Tensor parallelism",
+        "AlexNet's split as column/row-parallel linear layers by hand, then DTensor and "
+        "parallelize_module; bytes per layer; TP vs PP vs DP",
+        "2 gloo processes",
+        "2 gloo processes (NCCL needs a GPU per rank)",
+        "one NCCL process per GPU",
+        helpers=(
+            "exercises",
+            "launching",
         ),
     ),
     Notebook(
@@ -142,6 +174,34 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=("data", "ddp", "exercises", "hardware", "labels", "launching", "models"),
     ),
     Notebook(
+        "04c",
+        "04c_ddp_at_scale.ipynb",
+        "DDP at scale: accumulation, batch-size rules, BatchNorm, evaluation",
+        "gradient accumulation with no_sync, linear LR scaling with warm-up, SyncBatchNorm vs per-rank "
+        "BatchNorm, distributed evaluation and sampler padding",
+        "2 gloo processes",
+        "2 gloo processes (NCCL needs a GPU per rank)",
+        "one NCCL process per GPU; real SyncBatchNorm",
+        helpers=(
+            "exercises",
+            "launching",
+        ),
+    ),
+    Notebook(
+        "04d",
+        "04d_fault_tolerance.ipynb",
+        "Fault tolerance and per-rank logs",
+        "torchrun --max-restarts with a worker that crashes once, snapshot resume equal to an "
+        "uninterrupted run, --tee and --local-ranks-filter",
+        "torchrun with 2 gloo processes",
+        "same (NCCL needs a GPU per rank)",
+        "one NCCL process per GPU",
+        helpers=(
+            "ddp",
+            "exercises",
+        ),
+    ),
+    Notebook(
         "05a",
         "05a_mixed_precision.ipynb",
         "Mixed precision",
@@ -177,6 +237,34 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         ),
     ),
     Notebook(
+        "05c",
+        "05c_fsdp2_in_practice.ipynb",
+        "FSDP2 in practice",
+        "fully_shard with MixedPrecisionPolicy and reshard_after_forward, sharded checkpoints with "
+        "torch.distributed.checkpoint loaded at another world size",
+        "2 gloo processes",
+        "2 gloo processes (NCCL needs a GPU per rank)",
+        "one NCCL process per GPU",
+        helpers=(
+            "exercises",
+            "launching",
+        ),
+    ),
+    Notebook(
+        "05d",
+        "05d_parallelism_planner.ipynb",
+        "Planning a parallel layout",
+        "memory and communication per step of DP, ZeRO-1/2/3, TP, PP and their combinations, from the "
+        "Playbook's formulas; the planner checked against real sharded runs",
+        "planner + checks on 2 gloo processes",
+        "same",
+        "same; GPU memory read from the device",
+        helpers=(
+            "exercises",
+            "planner",
+        ),
+    ),
+    Notebook(
         "06a",
         "06a_search_methods.ipynb",
         "Hyperparameter search methods",
@@ -189,6 +277,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "labels",
             "tuning",
         ),
+        extra="tune",
     ),
     Notebook(
         "06b",
@@ -204,6 +293,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "labels",
             "tuning",
         ),
+        extra="tune",
     ),
     Notebook(
         "07a",
@@ -241,6 +331,36 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "troubleshoot",
         ),
     ),
+    Notebook(
+        "07c",
+        "07c_pytorch_debugging_tools.ipynb",
+        "PyTorch's own debugging tools",
+        "memory snapshot and visualiser, memory_summary, expandable_segments, torch.profiler on a DDP "
+        "step, a hang lab with timeouts and Flight Recorder",
+        "profiler and hang lab on gloo; a saved memory snapshot picture",
+        "memory snapshot recorded on cuda:0",
+        "same, per rank",
+        helpers=(
+            "exercises",
+            "launching",
+        ),
+    ),
+    Notebook(
+        "08",
+        "08_capstone.ipynb",
+        "Capstone: digits end to end",
+        "scikit-learn's digits trained with DDP, mixed precision, checkpoint/resume and a small Ray "
+        "Tune search; accuracy and time per epoch for 1 vs 2 processes",
+        "2 gloo processes; Ray on CPU",
+        "2 gloo processes; bf16/fp16 autocast on cuda:0 where it applies",
+        "one NCCL process per GPU",
+        helpers=(
+            "exercises",
+            "launching",
+            "tuning",
+        ),
+        extra="capstone",
+    ),
 )
 
 
@@ -269,6 +389,10 @@ MODULES: dict[str, str] = {
     "precision": "number formats, step timing side by side, per-process state bytes",
     "tuning": "Ray Tune on loopback, a local Ray cluster, trainables, equal-budget studies "
     "(needs the `tune` extra)",
+    "interactive": "a live multi-rank group for `%%px` cells (ipyparallel engines in one process group) "
+    "and its clean shutdown (needs the `interactive` extra)",
+    "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "
+    "and the planner widget",
     "troubleshoot": "OOM fences (memory-capped children, a capped GPU fraction), memory readings, `is_oom`, "
     "leak trends, `diagnose(exc)`",
 }

@@ -129,21 +129,54 @@ def test_slides_export(path):
     assert html.count("<section") >= 4 and "reveal" in html.lower()
 
 
-def test_tuning_notebook_installs_exactly_the_tune_extra():
+def _extra_packages(extra: str) -> list[str]:
+    """The packages of a pyproject extra, with ``mgpu-course[other]`` references expanded."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tune"]
-    tuning = [p for p in NOTEBOOKS if p.name.startswith("06")]
-    assert tuning
-    for path in tuning:
-        first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
-        pip_lines = [
-            line.split("install -q", 1)[1].split()
-            for line in _src(first).splitlines()
-            if "%pip install" in line and "git+" not in line
-        ]
-        assert len(pip_lines) == 1
-        assert sorted(p.strip('"') for p in pip_lines[0]) == sorted(extra), "cell and extra differ"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    out: list[str] = []
+    for item in extras[extra]:
+        if item.startswith("mgpu-course["):
+            for inner in item[len("mgpu-course[") : -1].split(","):
+                out += _extra_packages(inner)
+        else:
+            out.append(item)
+    return out
+
+
+#: The module each extra package is imported as (what the install cell looks for; pandas comes with
+#: Ray Tune, so the cell need not look for it).
+_MODULE_OF = {
+    "ray[tune]": "ray",
+    "optuna": "optuna",
+    "pandas": "pandas",
+    "scikit-learn": "sklearn",
+    "ipyparallel": "ipyparallel",
+}
+
+
+def _course_entry(path: pathlib.Path):
+    from mgpu_helpers.course import NOTEBOOKS as COURSE
+
+    return next(nb for nb in COURSE if nb.file == path.name)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_with_an_extra_installs_exactly_that_extra(path):
+    extra = _course_entry(path).extra
+    first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
+    pip_lines = [
+        line.split("install -q", 1)[1].split()
+        for line in _src(first).splitlines()
+        if "%pip install" in line and "git+" not in line
+    ]
+    if not extra:
+        assert pip_lines == [], "only notebooks with an extra (course.py) install packages off Colab"
+        return
+    assert len(pip_lines) == 1
+    assert sorted(p.strip('"') for p in pip_lines[0]) == sorted(_extra_packages(extra)), (
+        "cell and extra differ"
+    )
 
 
 _RUN_INSTALL_CELL = """
@@ -195,12 +228,13 @@ def _install_calls(path: pathlib.Path, hidden: list[str], colab: bool) -> list[s
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_install_cell_does_nothing_off_colab_and_installs_on_colab(path):
-    tune = path.name.startswith("06")
+    extra = _course_entry(path).extra
+    modules = [_MODULE_OF[p] for p in _extra_packages(extra) if p != "pandas"] if extra else []
     # A base install: no `google` namespace package at all (it arrives only with e.g. protobuf).
     assert _install_calls(path, ["google"], colab=False) == []
-    on_colab = _install_calls(path, ["mgpu_helpers", "ray", "optuna"], colab=True)
-    extra = "[tune]" if tune else ""
-    assert on_colab[0] == f'%pip install -q "mgpu-course{extra} @ git+https://github.com/{REPO_SLUG}"'
-    if tune:  # anywhere without Ray Tune, notebook 06 installs the tune extra's packages
-        expected = ['%pip install -q "ray[tune]" optuna pandas']
-        assert _install_calls(path, ["google", "ray"], colab=False) == expected
+    on_colab = _install_calls(path, ["mgpu_helpers", *modules], colab=True)
+    tag = f"[{extra}]" if extra else ""
+    assert on_colab[0] == f'%pip install -q "mgpu-course{tag} @ git+https://github.com/{REPO_SLUG}"'
+    for module in modules:  # anywhere without one of the extra's packages, the cell installs the extra's
+        packages = " ".join(f'"{p}"' if "[" in p else p for p in _extra_packages(extra))
+        assert _install_calls(path, ["google", module], colab=False) == [f"%pip install -q {packages}"]
