@@ -1,18 +1,22 @@
-"""Used by notebook 00 and the README (``python -m mgpu_helpers``): this machine's hardware table, the
-distributed backend to use here, and what each notebook does on this machine."""
+"""Used by notebook 00 and the README (``python -m mgpu_helpers``): the environment doctor, this machine's
+hardware table, the distributed backend to use here, and what each notebook does on this machine."""
 
 from __future__ import annotations
 
 import argparse
 
 from .course import modes_here
+from .doctor import doctor
 from .hardware import choose_backend, describe_node, format_node_table
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the node table, the distributed backend to use, and the per-notebook mode."""
+    """Print the doctor's findings, the node table, the backend to use here, and each notebook's mode."""
     parser = argparse.ArgumentParser(prog="python -m mgpu_helpers", description=__doc__)
     parser.parse_args(argv)
+    print("Environment doctor: what this machine has, and what the course does about it")
+    doctor()
+    print()
     info = describe_node()
     print(format_node_table(info))
     print()

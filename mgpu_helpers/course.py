@@ -38,6 +38,18 @@ class Notebook:
         """Link that opens this notebook on Google Colab."""
         return f"https://colab.research.google.com/github/{REPO_SLUG}/blob/main/notebooks/{self.file}"
 
+    @property
+    def kaggle_url(self) -> str:
+        """Link that opens this notebook on Kaggle (choose the "GPU T4 x2" accelerator there)."""
+        return f"https://kaggle.com/kernels/welcome?src=https://github.com/{REPO_SLUG}/blob/main/notebooks/{self.file}"
+
+    def badges(self) -> str:
+        """The notebook's "Open in Colab" and "Open in Kaggle" badges (Markdown, one line)."""
+        return (
+            f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({self.colab_url}) "
+            f"[![Open In Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({self.kaggle_url})"
+        )
+
     def mode(self, gpu_count: int) -> str:
         """What this notebook does on a machine with ``gpu_count`` GPUs."""
         if gpu_count <= 0:
@@ -368,6 +380,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
 #: building blocks first, then one per notebook topic. README's module table is generated from it.
 MODULES: dict[str, str] = {
     "course": "the course map and this module table",
+    "doctor": "the environment doctor: platform, Python, torch/CUDA builds, GPUs, bf16, peer access, an NCCL "
+    "smoke test, start method, widget versions — and what the course does about each",
     "labels": '"measured / simulated / estimated" labels for every printed number',
     "exercises": "`grade(id, work)`: runs a graded exercise's grader, prints ⏳ / ✅ / ❌ with a hint",
     "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
@@ -417,15 +431,13 @@ def module_table_markdown() -> str:
 def course_map_markdown() -> str:
     """The README's course-map table (Markdown), generated from :data:`NOTEBOOKS`."""
     head = (
-        "| # | Notebook | What it teaches | CPU only | 1 GPU | N GPUs | Colab |\n"
+        "| # | Notebook | What it teaches | CPU only | 1 GPU | N GPUs | Open on |\n"
         "|---|---|---|---|---|---|---|"
     )
     rows = []
     for nb in NOTEBOOKS:
         title = f"[{nb.title}](notebooks/{nb.file})" if nb.ready else f"{nb.title} (coming)"
-        badge = (
-            f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({nb.colab_url})"
-        )
+        badge = nb.badges()
         rows.append(
             f"| {nb.number} | {title} | {nb.teaches} | {nb.cpu} | {nb.one_gpu} | {nb.multi_gpu} | "
             f"{badge if nb.ready else '—'} |"
