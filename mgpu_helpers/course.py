@@ -10,9 +10,61 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Where the course lives; Colab badges and the Colab install cell point here.
+#: Where the course lives: badges and the notebooks' install cells point here. Whoever publishes the course
+#: elsewhere changes these two lines and runs ``python tools/update_readme.py`` (README tables, badges and
+#: every notebook's install cell follow).
 REPO_URL = "https://github.com/mgpu-course/mgpu-course"
 REPO_SLUG = "mgpu-course/mgpu-course"
+#: Set in a notebook's environment, this overrides REPO_URL for its install cell (a fork; ``…@branch``).
+REPO_ENV = "MGPU_COURSE_REPO"
+
+#: Each extra of pyproject.toml (expanded; a test keeps them equal): the packages it installs and the
+#: modules whose absence makes a notebook's first cell install them.
+EXTRAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "tune": (("ray[tune]", "optuna", "pandas"), ("ray", "optuna")),
+    "interactive": (("ipyparallel",), ("ipyparallel",)),
+    "capstone": (("ray[tune]", "optuna", "pandas", "scikit-learn"), ("ray", "optuna", "sklearn")),
+}
+
+
+def install_cell(extra: str = "") -> str:
+    """The first code cell of a notebook that needs ``extra`` ("" for the base package only).
+
+    On Colab and Kaggle it installs the course's package (with the extra) from :data:`REPO_URL`, or from
+    the repository named by the environment variable :data:`REPO_ENV`; anywhere, it installs the extra's
+    packages where one of its modules is missing; elsewhere it does nothing.
+    """
+    if extra:
+        lines = [
+            f"# Colab and Kaggle: install the course's package with its `{extra}` extra ({REPO_ENV} may "
+            "name a",
+            "# fork, add @branch); anywhere: install that extra's packages where missing (only this notebook "
+            "needs them).",
+        ]
+    else:
+        lines = [
+            f"# Colab and Kaggle: install the course's package ({REPO_ENV} may name a fork, add @branch)."
+        ]
+    lines += ["import importlib", "import importlib.util"] if extra else ["import importlib.util"]
+    lines += [
+        "import os",
+        "import sys",
+        "",
+        f'REPO = os.environ.get("{REPO_ENV}", "{REPO_URL}")',
+        'HOSTED = "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ',
+        'if HOSTED and importlib.util.find_spec("mgpu_helpers") is None:',
+        f'    %pip install -q "mgpu-course{f"[{extra}]" if extra else ""} @ git+{{REPO}}"',
+    ]
+    if extra:
+        packages, modules = EXTRAS[extra]
+        names = ", ".join(f'"{m}"' for m in modules) + ("," if len(modules) == 1 else "")
+        pip = " ".join(f'"{p}"' if "[" in p else p for p in packages)
+        lines += [
+            f"if any(importlib.util.find_spec(m) is None for m in ({names})):",
+            f"    %pip install -q {pip}",
+            "    importlib.invalidate_caches()",
+        ]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -50,6 +102,10 @@ class Notebook:
             f"[![Open In Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({self.kaggle_url})"
         )
 
+    def install_cell(self) -> str:
+        """This notebook's first code cell (see :func:`install_cell`)."""
+        return install_cell(self.extra)
+
     def mode(self, gpu_count: int) -> str:
         """What this notebook does on a machine with ``gpu_count`` GPUs."""
         if gpu_count <= 0:
@@ -84,9 +140,9 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "01b_interactive_ranks.ipynb",
         "Interactive multi-rank cells",
         "a live process group typed cell by cell with ipyparallel's %%px: ranks, send/recv, all_reduce, "
-        "broadcast, all_gather",
-        "2–4 engines on gloo",
-        "2–4 engines on gloo",
+        "broadcast, all_gather, a mismatch caught by a timeout, clean shutdown",
+        "2 engines on gloo (4 with NPROCS = 4 on a 4-core machine)",
+        "2 engines on gloo on the CPU (NCCL needs a GPU per rank)",
         "one engine per GPU on NCCL",
         helpers=(
             "exercises",
@@ -138,6 +194,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "one NCCL process per GPU",
         helpers=(
             "exercises",
+            "hardware",
+            "labels",
             "launching",
         ),
     ),
@@ -255,10 +313,11 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "fully_shard with MixedPrecisionPolicy and reshard_after_forward, sharded checkpoints with "
         "torch.distributed.checkpoint loaded at another world size",
         "2 gloo processes",
-        "2 gloo processes (NCCL needs a GPU per rank)",
+        "2 gloo processes (NCCL needs a GPU per rank); the 1-process load on cuda:0",
         "one NCCL process per GPU",
         helpers=(
             "exercises",
+            "labels",
             "launching",
         ),
     ),
@@ -273,6 +332,9 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "same; GPU memory read from the device",
         helpers=(
             "exercises",
+            "labels",
+            "launching",
+            "memory",
             "planner",
         ),
     ),
@@ -349,12 +411,16 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "PyTorch's own debugging tools",
         "memory snapshot and visualiser, memory_summary, expandable_segments, torch.profiler on a DDP "
         "step, a hang lab with timeouts and Flight Recorder",
-        "profiler and hang lab on gloo; a saved memory snapshot picture",
-        "memory snapshot recorded on cuda:0",
-        "same, per rank",
+        "memory picture from a profiled CPU run; profiler and hang lab on 2 gloo processes",
+        "plus a real CUDA memory snapshot and the fragmentation demo on cuda:0, in child processes",
+        "as with 1 GPU; the profiled DDP step on NCCL, one GPU per rank",
         helpers=(
+            "ddp",
             "exercises",
+            "hardware",
+            "labels",
             "launching",
+            "memory",
         ),
     ),
     Notebook(
@@ -363,11 +429,13 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Capstone: digits end to end",
         "scikit-learn's digits trained with DDP, mixed precision, checkpoint/resume and a small Ray "
         "Tune search; accuracy and time per epoch for 1 vs 2 processes",
-        "2 gloo processes; Ray on CPU",
-        "2 gloo processes; bf16/fp16 autocast on cuda:0 where it applies",
-        "one NCCL process per GPU",
+        "2 gloo processes with bf16 autocast; Ray on CPU",
+        "2 gloo processes on the CPU; Tune trials on cuda:0 with bf16, or fp16 + GradScaler on a T4",
+        "one NCCL process per GPU, bf16 or fp16 + GradScaler per GPU; trials spread over the GPUs",
         helpers=(
             "exercises",
+            "hardware",
+            "labels",
             "launching",
             "tuning",
         ),

@@ -335,3 +335,48 @@ def test_an_interrupt_during_start_up_still_stops_every_child(parent):
     proc = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "interrupted; children left: 0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_python_314s_forkserver_default_does_not_change_the_launchers_choice(tmp_path):
+    """Python 3.14 makes forkserver the default start method on Linux; the launcher asks for fork itself,
+    so a function defined in __main__ (a notebook cell) still runs."""
+    script = tmp_path / "nb314.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing
+            import torch, torch.distributed as dist
+            from mgpu_helpers.launching import launch
+
+            multiprocessing.set_start_method("forkserver")  # what Python 3.14 does by default
+
+            def make_worker(offset):
+                def worker(rank, world_size):  # a closure: only fork can run it (no pickling)
+                    t = torch.ones(1) + offset
+                    dist.all_reduce(t)
+                    return t.item()
+                return worker
+
+            print("result:", launch(make_worker(1.0), 2))
+            """
+        )
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "result: [4.0, 4.0]" in proc.stdout
+
+
+def test_with_cuda_initialised_a_module_function_is_spawned_and_a_notebook_one_is_explained(monkeypatch):
+    from mgpu_helpers.launching.notebook import _choose_start_method
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert _choose_start_method(all_reduce_rank, None) == "spawn"
+
+    def notebook_fn(rank, world_size):
+        return rank
+
+    notebook_fn.__module__ = "__main__"  # as if defined in a notebook cell
+    with pytest.raises(
+        LaunchError, match=r"CUDA is already initialised.*%%writefile my_worker.py.*restart the kernel"
+    ):
+        _choose_start_method(notebook_fn, None)

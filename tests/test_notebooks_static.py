@@ -1,12 +1,11 @@
 """Static checks of the committed notebooks: template, stored run, slide metadata, size, slides export."""
 
 import json
+import os
 import pathlib
 import re
 
 import pytest
-
-from mgpu_helpers.course import REPO_SLUG
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
@@ -144,46 +143,34 @@ def _extra_packages(extra: str) -> list[str]:
     return out
 
 
-#: The module each extra package is imported as (what the install cell looks for; pandas comes with
-#: Ray Tune, so the cell need not look for it).
-_MODULE_OF = {
-    "ray[tune]": "ray",
-    "optuna": "optuna",
-    "pandas": "pandas",
-    "scikit-learn": "sklearn",
-    "ipyparallel": "ipyparallel",
-}
-
-
-def _course_entry(path: pathlib.Path):
+def test_the_course_maps_extras_are_pyprojects():
+    from mgpu_helpers.course import EXTRAS
     from mgpu_helpers.course import NOTEBOOKS as COURSE
 
-    return next(nb for nb in COURSE if nb.file == path.name)
+    for name, (packages, _modules) in EXTRAS.items():
+        assert sorted(packages) == sorted(_extra_packages(name)), (
+            f"course.EXTRAS[{name!r}] and pyproject differ"
+        )
+    assert {nb.extra for nb in COURSE} - {""} <= set(EXTRAS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_a_notebook_with_an_extra_installs_exactly_that_extra(path):
-    extra = _course_entry(path).extra
+def test_install_cell_is_the_one_the_course_map_generates(path):
+    from mgpu_helpers.course import NOTEBOOKS as COURSE
+
+    entry = next(nb for nb in COURSE if nb.file == path.name)
     first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
-    pip_lines = [
-        line.split("install -q", 1)[1].split()
-        for line in _src(first).splitlines()
-        if "%pip install" in line and "git+" not in line
-    ]
-    if not extra:
-        assert pip_lines == [], "only notebooks with an extra (course.py) install packages off Colab"
-        return
-    assert len(pip_lines) == 1
-    assert sorted(p.strip('"') for p in pip_lines[0]) == sorted(_extra_packages(extra)), (
-        "cell and extra differ"
+    assert _src(first) == entry.install_cell(), (
+        "run `python tools/update_readme.py` (it rewrites install cells)"
     )
 
 
 _RUN_INSTALL_CELL = """
-import importlib.util, json, sys, types
+import importlib.util, json, os, string, sys, types
 from IPython.core.inputtransformer2 import TransformerManager
 
-hidden, colab, source = json.loads(sys.argv[1])
+hidden, platform, environ, source = json.loads(sys.argv[1])
+os.environ.update(environ)
 real_find_spec = importlib.util.find_spec
 
 def find_spec(name, package=None):  # as if the hidden packages were not installed
@@ -196,45 +183,59 @@ def find_spec(name, package=None):  # as if the hidden packages were not install
 importlib.util.find_spec = find_spec
 for name in [n for n in sys.modules if n.split(".")[0] in hidden]:
     del sys.modules[name]
-if colab:  # Colab's kernel has imported google.colab before the first cell runs
+if platform == "colab":  # Colab's kernel has imported google.colab before the first cell runs
     sys.modules["google"] = types.ModuleType("google")
     sys.modules["google.colab"] = types.ModuleType("google.colab")
-calls = []
+if platform == "kaggle":
+    os.environ["KAGGLE_KERNEL_RUN_TYPE"] = "Interactive"
+calls, namespace = [], {}
 
 class Shell:
-    def run_line_magic(self, name, line):
-        calls.append(f"%{name} {line}")
+    def run_line_magic(self, name, line):  # IPython expands {names} in a magic's line, as here
+        calls.append(f"%{name} " + string.Formatter().vformat(line, [], namespace))
 
-exec(TransformerManager().transform_cell(source), {"get_ipython": Shell})
+namespace["get_ipython"] = Shell
+exec(TransformerManager().transform_cell(source), namespace)
 print(json.dumps(calls))
 """
 
 
-def _install_calls(path: pathlib.Path, hidden: list[str], colab: bool) -> list[str]:
-    """The %pip lines the notebook's first code cell runs with ``hidden`` packages missing."""
+def _install_calls(
+    source: str, hidden: list[str], platform: str = "", environ: dict | None = None
+) -> list[str]:
+    """The %pip lines an install cell runs with ``hidden`` packages missing on ``platform``."""
     import subprocess
     import sys
 
-    first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
+    env = {k: v for k, v in os.environ.items() if k not in ("MGPU_COURSE_REPO", "KAGGLE_KERNEL_RUN_TYPE")}
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_INSTALL_CELL, json.dumps([hidden, colab, _src(first)])],
+        [sys.executable, "-c", _RUN_INSTALL_CELL, json.dumps([hidden, platform, environ or {}, source])],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
-    assert proc.returncode == 0, f"{path.name}'s install cell raised:\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, f"the install cell raised:\n{proc.stderr[-2000:]}"
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_install_cell_does_nothing_off_colab_and_installs_on_colab(path):
-    extra = _course_entry(path).extra
-    modules = [_MODULE_OF[p] for p in _extra_packages(extra) if p != "pandas"] if extra else []
-    # A base install: no `google` namespace package at all (it arrives only with e.g. protobuf).
-    assert _install_calls(path, ["google"], colab=False) == []
-    on_colab = _install_calls(path, ["mgpu_helpers", *modules], colab=True)
+@pytest.mark.parametrize("extra", ["", "tune", "interactive", "capstone"])
+def test_install_cell_installs_on_colab_and_kaggle_only_and_its_extra_anywhere(extra):
+    from mgpu_helpers.course import EXTRAS, REPO_URL, install_cell
+
+    source = install_cell(extra)
+    packages, modules = EXTRAS[extra] if extra else ((), ())
     tag = f"[{extra}]" if extra else ""
-    assert on_colab[0] == f'%pip install -q "mgpu-course{tag} @ git+https://github.com/{REPO_SLUG}"'
-    for module in modules:  # anywhere without one of the extra's packages, the cell installs the extra's
-        packages = " ".join(f'"{p}"' if "[" in p else p for p in _extra_packages(extra))
-        assert _install_calls(path, ["google", module], colab=False) == [f"%pip install -q {packages}"]
+    # A base install: no `google` namespace package at all (it arrives only with e.g. protobuf).
+    assert _install_calls(source, ["google"]) == []
+    for platform in ("colab", "kaggle"):
+        calls = _install_calls(source, ["mgpu_helpers", *modules], platform)
+        assert calls[0] == f'%pip install -q "mgpu-course{tag} @ git+{REPO_URL}"'
+    fork = "https://github.com/someone/mgpu-course@fix-typo"
+    calls = _install_calls(source, ["mgpu_helpers"], "kaggle", {"MGPU_COURSE_REPO": fork})
+    assert calls[0] == f'%pip install -q "mgpu-course{tag} @ git+{fork}"'
+    pip = " ".join(f'"{p}"' if "[" in p else p for p in packages)
+    for (
+        module
+    ) in modules:  # anywhere without one of the extra's modules, the cell installs the extra's packages
+        assert _install_calls(source, ["google", module]) == [f"%pip install -q {pip}"]

@@ -285,7 +285,9 @@ def launch(
             set False to call ``dist.init_process_group`` yourself — ``MASTER_ADDR``, ``MASTER_PORT``,
             ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` are set, so ``init_method="env://"`` works (and
             its store, too, listens on 127.0.0.1 only).
-        start_method: None picks fork when CUDA is not initialised here, else spawn.
+        start_method: None picks fork when CUDA is not initialised here, else spawn — whatever
+            multiprocessing's default is (Python 3.14 makes it forkserver on Linux, which could not run a
+            function defined in a notebook cell).
         timeout_s: stop everything and raise if the job takes longer than this (seconds, > 0).
         collective_timeout_s: a collective waiting longer than this for a peer raises in that rank.
         threads_per_process: ``torch.set_num_threads`` in each child; default 1 with fork (safe after
