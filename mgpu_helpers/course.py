@@ -118,11 +118,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "00",
         "00_setup.ipynb",
         "Setup and how to read this course",
-        "JupyterLab or Colab, the hardware check, how numbers are labelled, the course map",
+        "JupyterLab, Colab or Kaggle, the environment doctor, the hardware check, how numbers are labelled, "
+        "the course map",
         "full",
         "full",
         "full",
-        helpers=("course", "exercises", "hardware", "labels"),
+        helpers=("course", "doctor", "exercises", "hardware", "labels"),
     ),
     Notebook(
         "01",
