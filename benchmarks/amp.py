@@ -8,7 +8,8 @@ fp16 autocast with ``GradScaler`` is timed too.
 
     python benchmarks/amp.py [--repeats 5] [--device cpu|cuda] [--threads N] [--quick]
 
-Last line: ``RESULT bf16_speedup=<x> memory_ratio=<y>`` — fp32 step time over bf16 step time, and bf16
+Last line: ``RESULT bf16_speedup=<x> memory_ratio=<y>`` (``fp16_speedup`` on a GPU without bf16, e.g. a
+T4) — fp32 step time over bf16 step time, and bf16
 peak step memory over fp32 peak step memory; each the geometric mean over the cases.
 
 On the CPU the steps run on one thread by default (``--threads``), as in notebook 05a §4: on a small
@@ -97,7 +98,11 @@ def main() -> None:
     device = torch.device(args.device)
     if args.threads is not None or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    modes = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    # The 16-bit format measured against fp32: bf16, except on a GPU that only emulates it (a T4, compute
+    # capability < 8.0), where fp16 + GradScaler is what one would train with (as notebook 05a does).
+    no_bf16 = device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False)
+    half = "fp16" if no_bf16 else "bf16"
+    modes = ["fp32", half] + (["fp16"] if device.type == "cuda" and half == "bf16" else [])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"hardware: {hardware_label()} | device {device} | torch {torch.__version__}")
     print(f"torch threads: {torch.get_num_threads()} | load average before: {load}")
@@ -112,20 +117,20 @@ def main() -> None:
             steps[mode] = make_step(model.to(device), loss_fn, mode, device)
         times = compare_step_times(steps, repeats=args.repeats, warmup=1)
         peaks = {mode: peak_step_bytes(step) for mode, step in steps.items()}
-        speedups.append(times["fp32"] / times["bf16"])
-        ratios.append(peaks["bf16"] / peaks["fp32"])
+        speedups.append(times["fp32"] / times[half])
+        ratios.append(peaks[half] / peaks["fp32"])
         print(f"\n{name}")
         for mode in modes:
             print(
                 f"  {mode:5} step {times[mode] * 1e3:8.1f} ms (median of {args.repeats})"
                 f"   peak {peaks[mode] / 2**20:7.2f} MiB"
             )
-        print(f"  bf16: {speedups[-1]:.2f}x the speed of fp32, {ratios[-1]:.2f}x its peak memory")
+        print(f"  {half}: {speedups[-1]:.2f}x the speed of fp32, {ratios[-1]:.2f}x its peak memory")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"\nload average after: {load}")
     speedup = math.prod(speedups) ** (1 / len(speedups))
     ratio = math.prod(ratios) ** (1 / len(ratios))
-    print(f"RESULT bf16_speedup={speedup:.2f} memory_ratio={ratio:.2f}")
+    print(f"RESULT {half}_speedup={speedup:.2f} memory_ratio={ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -253,10 +253,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU; real SyncBatchNorm",
-        helpers=(
-            "exercises",
-            "launching",
-        ),
+        helpers=("data", "exercises", "hardware", "labels", "launching", "models"),
     ),
     Notebook(
         "04d",

@@ -126,43 +126,55 @@ print("PROBE " + json.dumps(out))
 """
 
 _NCCL = r"""
-import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
-def work(rank, world, port):
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.cuda.set_device(rank)
-    x = torch.ones(1 << 20, device="cuda") * (rank + 1)
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+def work(rank, world, port, backend):
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    x = torch.ones(1 << 20, device=device) * (rank + 1)
     dist.all_reduce(x)
-    torch.cuda.synchronize()
     assert x[0].item() == world * (world + 1) / 2, x[0].item()
     dist.destroy_process_group()
 if __name__ == "__main__":
-    n = torch.cuda.device_count()
-    mp.spawn(work, args=(n, int(sys.argv[1])), nprocs=n)
-    print("NCCL OK")
+    port, backend, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    mp.spawn(work, args=(n, port, backend), nprocs=n)
+    print("ALL-REDUCE OK")
 """
 
 
 def _run_child(code: str, args: list[str], timeout_s: float, env: dict[str, str] | None = None):
-    """Run ``code`` in a fresh Python; ``(returncode or None on timeout, output)``. No process outlives it."""
-    from .processes import stop_processes
+    """Run ``code`` as a script file in a fresh Python; ``(returncode or None on timeout, output)``.
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        return None, ""
-    finally:
-        if proc.poll() is None:
-            stop_processes([proc], grace_s=2.0)
-            proc.communicate()
+    A file, not ``python -c``: ``mp.spawn``'s children must import the worker function from ``__main__``,
+    which they can only do from a file. No process outlives this call; the file is removed.
+    """
+    import tempfile
+
+    from .processes import stop_processes, temp_prefix
+
+    with tempfile.TemporaryDirectory(prefix=temp_prefix("doctor")) as folder:
+        script = os.path.join(folder, "probe.py")
+        with open(script, "w") as f:
+            f.write(code)
+        proc = subprocess.Popen(
+            [sys.executable, script, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            return None, ""
+        finally:
+            if proc.poll() is None:
+                stop_processes([proc], grace_s=2.0)
+                proc.communicate()
 
 
 def _probe_gpus(timeout_s: float) -> tuple[tuple[GPUFacts, ...], dict[tuple[int, int], bool], str | None]:
@@ -176,16 +188,17 @@ def _probe_gpus(timeout_s: float) -> tuple[tuple[GPUFacts, ...], dict[tuple[int,
     return gpus, {(i, j): ok for i, j, ok in data["peer"]}, None
 
 
-def _nccl_smoke(timeout_s: float) -> str:
+def _nccl_smoke(timeout_s: float, n_gpus: int) -> str:
     from .processes import free_port
 
-    code, out = _run_child(_NCCL, [str(free_port())], timeout_s)
-    if code == 0 and "NCCL OK" in out:
+    args = lambda: [str(free_port()), "nccl", str(n_gpus)]  # noqa: E731 - a fresh port per try
+    code, out = _run_child(_NCCL, args(), timeout_s)
+    if code == 0 and "ALL-REDUCE OK" in out:
         return "ok"
     if code is not None:
         return "error: " + ((out.strip().splitlines() or ["no output"])[-1])[:200]
-    code, out = _run_child(_NCCL, [str(free_port())], timeout_s, env={"NCCL_P2P_DISABLE": "1"})
-    return f"ok with {P2P_FIX}" if code == 0 and "NCCL OK" in out else "hang"
+    code, out = _run_child(_NCCL, args(), timeout_s, env={"NCCL_P2P_DISABLE": "1"})
+    return f"ok with {P2P_FIX}" if code == 0 and "ALL-REDUCE OK" in out else "hang"
 
 
 def gather_facts(nccl_timeout_s: float = 60.0) -> Facts:
@@ -208,7 +221,7 @@ def gather_facts(nccl_timeout_s: float = 60.0) -> Facts:
     if torch is not None and _cuda_usable(allow_cuda_init=False):  # fork-safe: CUDA stays untouched here
         gpus, peer, error = _probe_gpus(timeout_s=60.0)
         if len(gpus) >= 2 and dist_ok and torch.distributed.is_nccl_available():
-            smoke = _nccl_smoke(nccl_timeout_s)
+            smoke = _nccl_smoke(nccl_timeout_s, len(gpus))
     return Facts(
         platform=platform_name(),
         python=sys.version_info[:2],

@@ -137,8 +137,8 @@ def test_probe_output_is_parsed_into_gpu_facts(monkeypatch):
 @pytest.mark.parametrize(
     ("answers", "expected"),
     [
-        ([(0, "NCCL OK\n")], "ok"),
-        ([(None, ""), (0, "NCCL OK\n")], "ok with NCCL_P2P_DISABLE=1"),
+        ([(0, "ALL-REDUCE OK\n")], "ok"),
+        ([(None, ""), (0, "ALL-REDUCE OK\n")], "ok with NCCL_P2P_DISABLE=1"),
         ([(None, ""), (None, "")], "hang"),
         ([(1, "RuntimeError: NCCL error\n")], "error: RuntimeError: NCCL error"),
     ],
@@ -151,7 +151,7 @@ def test_a_hanging_nccl_all_reduce_is_retried_with_p2p_disabled(monkeypatch, ans
         return answers[len(calls) - 1]
 
     monkeypatch.setattr(doc, "_run_child", fake)
-    assert doc._nccl_smoke(1.0) == expected
+    assert doc._nccl_smoke(1.0, 2) == expected
     assert calls[1:] in ([], [{"NCCL_P2P_DISABLE": "1"}])
 
 
@@ -180,3 +180,12 @@ def test_python_m_mgpu_helpers_prints_the_doctor():
     proc = subprocess.run([sys.executable, "-m", "mgpu_helpers"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "start method" in proc.stdout and "platform" in proc.stdout and "00 Setup" in proc.stdout
+
+
+def test_the_all_reduce_smoke_script_really_runs_its_ranks():
+    """The script the NCCL check runs, here on gloo: spawned ranks must import its worker from the file
+    (``python -c`` could not: "Can't get attribute 'work' on <module '__main__'>")."""
+    from mgpu_helpers.processes import free_port
+
+    code, out = doc._run_child(doc._NCCL, [str(free_port()), "gloo", "2"], timeout_s=120)
+    assert code == 0 and "ALL-REDUCE OK" in out, out[-2000:]

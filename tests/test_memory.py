@@ -320,7 +320,7 @@ def test_dtensor_counts_its_local_shard():
         tracker = MemoryTracker(model)
         return tracker.current["parameters"]
 
-    assert launch(rank_bytes, 2, threads_per_process=1) == [1600, 1600]
+    assert launch(rank_bytes, 2, backend="gloo", threads_per_process=1) == [1600, 1600]
 
 
 def test_importing_memory_imports_neither_matplotlib_nor_ipywidgets():

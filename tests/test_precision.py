@@ -98,7 +98,7 @@ def _fsdp_rank(rank, world_size):
 
 
 def test_local_state_bytes_counts_fsdp_local_shards_with_padding():
-    results = launch(_fsdp_rank, 2)
+    results = launch(_fsdp_rank, 2, backend="gloo")  # a CPU mesh: gloo on any machine
     # rows split over 2 ranks, padded to equal shards: weights (6,8)->3 rows, (5,6)->3 rows (1 padding
     # row on rank 1); biases (6,)->3, (5,)->3 (padded)
     padded = 3 * 8 + 3 + 3 * 6 + 3

@@ -315,10 +315,12 @@ def test_cluster_rejects_bad_inputs(func, args, kwargs, error, message):
 
 
 @pytest.mark.parametrize("attempt", ["SOLUTIONS", "WRONG"])
-def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt):
-    """Exercise 06b.1 (tests/test_solutions.py leaves it here): the reference trainable passes its grader
-    on the connected cluster (a crash, a restart from its checkpoint), and a trainable that checkpoints but
-    never resumes fails with the hint."""
-    ok, printed = graded("06b.1", *getattr(reference_solutions("06b"), attempt)["06b.1"])
+@pytest.mark.parametrize("exercise_id", ["06b.1", "08.2"])
+def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt, exercise_id):
+    """Exercises 06b.1 and 08.2 (tests/test_solutions.py leaves them here): the reference trainable passes
+    its grader on the connected cluster (06b.1: a crash, a restart from its checkpoint; 08.2: ASHA stops a
+    poor trial), and the known-wrong trainable (never resumes; reports only at the end) fails."""
+    notebook = exercise_id.split(".")[0]
+    ok, printed = graded(exercise_id, *getattr(reference_solutions(notebook), attempt)[exercise_id])
     assert ok == (attempt == "SOLUTIONS"), printed
     assert printed.startswith("✅" if ok else "❌"), printed

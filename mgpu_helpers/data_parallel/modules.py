@@ -310,7 +310,10 @@ class Backend:
         """Run ``step()`` once; return each device's peak bytes during it, and what ``step`` returned.
 
         Real: ``torch.cuda.max_memory_allocated(i)`` minus what was allocated before the step, plus the
-        model's parameters on GPU 0 (*measured*). Virtual: a :class:`MemoryTracker` registered on
+        model's parameters on GPU 0 (*measured*). A first, unmeasured ``step()`` comes before (then the
+        gradients are dropped): it makes each GPU allocate its one-time cuBLAS workspace (8–32 MiB),
+        which would otherwise land in the measured peak of whichever configuration runs first.
+        Virtual: a :class:`MemoryTracker` registered on
         ``vcuda:0`` (*simulated*); :attr:`last_breakdown` then holds the tracker's
         ``peak_breakdown_by_device`` (bytes per category when each device peaked).
         """
@@ -323,6 +326,8 @@ class Backend:
         if self.real:
             if n_devices > self.gpus:
                 raise ValueError(f"n_devices={n_devices} but this machine has {self.gpus} GPUs")
+            step()  # warm-up: one-time allocations (cuBLAS workspaces) happen here, unmeasured
+            model.zero_grad(set_to_none=True)
             before = []
             for i in range(n_devices):
                 torch.cuda.synchronize(i)

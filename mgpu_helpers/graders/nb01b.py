@@ -1,0 +1,239 @@
+"""Used by notebook 01b's exercises: a global mean over ranks holding different numbers of elements
+with one all-reduce (01b.1), and a ring shift of a tensor with point-to-point messages (01b.2), each
+run on 3 real gloo processes started with :func:`mgpu_helpers.launching.launch`.
+
+Each rank counts the collectives the student's code calls (the module functions of
+``torch.distributed`` are wrapped for the duration of the call). 01b.2 runs with a 3-second collective
+timeout, so a send/recv order in which every rank waits fails in seconds with a clear message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..exercises import Wrong, exercise
+from ..launching import LaunchError, launch
+
+_NPROCS = 3
+_COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "barrier",
+    "broadcast_object_list",
+)
+
+
+def _counting(calls: list[str]) -> Callable[[], None]:
+    """Wrap torch.distributed's collectives so that each call is appended to ``calls``; returns undo."""
+    import torch.distributed as dist
+
+    real = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name, fn in real.items():
+        setattr(dist, name, wrap(name, fn))
+
+    def undo() -> None:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+    return undo
+
+
+def _run(worker: Callable[..., Any], *args: Any, collective_timeout_s: float) -> list[Any]:
+    """3 gloo ranks; a rank's exception or a timeout becomes :class:`Wrong`."""
+    try:
+        return launch(
+            worker,
+            _NPROCS,
+            args=args,
+            backend="gloo",
+            timeout_s=30.0,
+            collective_timeout_s=collective_timeout_s,
+        )
+    except LaunchError as exc:
+        text = str(exc)
+        if "Timed out" in text or text.startswith("timed out"):
+            op = re.search(r"for (send|recv) operation", text)
+            where = f" in a {op.group(1)}" if op else ""
+            raise Wrong(
+                f"a rank waited {collective_timeout_s:g} s{where} for a partner that never made the matching "
+                "call: with these calls in this order, the ranks wait for each other forever."
+            ) from None
+        first = re.match(r"rank (\d+) raised", text)
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
+        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
+        last = (errors or lines or [text])[-1]
+        raise Wrong(f"{f'rank {first.group(1)}' if first else 'a rank'} raised {last.strip()}") from None
+
+
+# --- 01b.1: the global mean ---------------------------------------------------------------------------
+
+_SIZES = ((5, 1, 3), (2, 2, 2))  # uneven first: a mean of means is wrong there
+
+
+def _data(sizes: tuple[int, ...], rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7 + 10 * rank + sum(sizes))
+    return torch.randn(sizes[rank], dtype=torch.float64, generator=gen) + rank
+
+
+def _number(result: Any) -> float | None:
+    """The student's answer as a float, or None when it is not one number."""
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return float(result.detach().cpu())
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return float(result)
+    return None
+
+
+def _mean_rank(rank: int, world_size: int, global_mean: Callable[[torch.Tensor], Any]) -> list[Any]:
+    out = []
+    for sizes in _SIZES:
+        x = _data(sizes, rank)
+        before = x.clone()
+        calls: list[str] = []
+        undo = _counting(calls)
+        try:
+            result = global_mean(x)
+        finally:
+            undo()
+        out.append(
+            {
+                "value": _number(result),
+                "kind": type(result).__name__,
+                "calls": calls,
+                "same": torch.equal(x, before),
+            }
+        )
+    return out
+
+
+def _expected_mean(sizes: tuple[int, ...]) -> float:
+    return torch.cat([_data(sizes, r) for r in range(_NPROCS)]).mean().item()
+
+
+@exercise(
+    "01b.1",
+    "the global mean over ranks",
+    hint="A mean is a sum divided by a count, and both can travel together: put this rank's sum and its "
+    "number of elements into one tensor, all-reduce it once, then divide.",
+)
+def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
+    """3 gloo ranks, 5/1/3 then 2/2/2 elements; every rank's answer against the mean of all elements."""
+    if not callable(global_mean):
+        raise Wrong(f"pass the function global_mean itself, not {type(global_mean).__name__}")
+    ranks = _run(_mean_rank, global_mean, collective_timeout_s=10.0)
+    right = [
+        all(r[i]["value"] is not None and abs(r[i]["value"] - _expected_mean(sizes)) <= 1e-9 for r in ranks)
+        for i, sizes in enumerate(_SIZES)
+    ]
+    for i, sizes in enumerate(_SIZES):
+        expected = _expected_mean(sizes)
+        for rank, results in enumerate(ranks):
+            r = results[i]
+            if r["value"] is None:
+                raise Wrong(
+                    f"rank {rank} returned a {r['kind']}; return one number (a float or a 0-dim tensor)."
+                )
+            if r["calls"] != ["all_reduce"]:
+                made = ", ".join(f"dist.{c}" for c in r["calls"]) or "no collective"
+                raise Wrong(
+                    f"with {', '.join(map(str, sizes))} elements on the 3 ranks, rank {rank} called {made}; "
+                    "the exercise asks for exactly one dist.all_reduce."
+                )
+            if not r["same"]:
+                raise Wrong(
+                    f"rank {rank}'s x changed during your call; the caller's tensor must stay as it was."
+                )
+            if abs(r["value"] - expected) > 1e-9:
+                also = " (with 2 elements on every rank your answer was right)" if i == 0 and right[1] else ""
+                raise Wrong(
+                    f"with {', '.join(map(str, sizes))} elements on the 3 ranks, rank {rank} returned "
+                    f"{r['value']:.4f}, but the mean of all {sum(sizes)} elements is {expected:.4f}{also}."
+                )
+    return (
+        "on 3 real gloo processes every rank returned the mean of all elements, with 5/1/3 and with 2/2/2 "
+        "elements per rank, using one all_reduce and leaving x unchanged."
+    )
+
+
+# --- 01b.2: the ring shift -----------------------------------------------------------------------------
+
+
+def _shift_data(rank: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + rank)
+    return [
+        torch.randn(1000, dtype=torch.float64, generator=gen),
+        torch.randint(-50, 50, (2, 3), generator=gen),
+    ]
+
+
+def _shift_rank(rank: int, world_size: int, ring_shift: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+    calls: list[str] = []
+    undo = _counting(calls)
+    try:
+        got = [ring_shift(x.clone()) for x in _shift_data(rank)]
+    finally:
+        undo()
+    return {"got": [g.detach().clone() if isinstance(g, torch.Tensor) else g for g in got], "calls": calls}
+
+
+@exercise(
+    "01b.2",
+    "a ring shift with send/recv",
+    hint="Every send waits for the matching recv. Either let the ranks take turns (which ranks send first, "
+    "which receive first?), or start the send without waiting for it (dist.isend returns a request to "
+    ".wait() on), receive, then wait for the send.",
+)
+def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
+    """3 gloo ranks, a float64 (1000,) and an int64 (2, 3) tensor; each rank must get its left neighbour's."""
+    if not callable(ring_shift):
+        raise Wrong(f"pass the function ring_shift itself, not {type(ring_shift).__name__}")
+    ranks = _run(_shift_rank, ring_shift, collective_timeout_s=3.0)
+    for rank, out in enumerate(ranks):
+        if out["calls"]:
+            raise Wrong(
+                f"rank {rank} called dist.{', dist.'.join(sorted(set(out['calls'])))}; this exercise moves "
+                "the tensor with point-to-point calls only."
+            )
+        left = (rank - 1) % _NPROCS
+        for got, sent, mine in zip(out["got"], _shift_data(left), _shift_data(rank), strict=True):
+            what = f"the {sent.dtype} tensor of shape {tuple(sent.shape)}"
+            if not isinstance(got, torch.Tensor):
+                raise Wrong(f"for {what} rank {rank} returned a {type(got).__name__}, not a tensor.")
+            if got.shape != sent.shape or got.dtype != sent.dtype:
+                raise Wrong(
+                    f"for {what} rank {rank} returned shape {tuple(got.shape)} and dtype {got.dtype}; "
+                    "it should match x."
+                )
+            if not torch.equal(got, sent):
+                k = 0 if sent.dim() == 1 else 1
+                source = [q for q in range(_NPROCS) if torch.equal(got, _shift_data(q)[k])]
+                said = f"rank {source[0]}'s tensor" if source else "a tensor that no rank sent"
+                if torch.equal(got, mine):
+                    said = "its own tensor"
+                raise Wrong(f"for {what} rank {rank} returned {said}; it should be rank {left}'s.")
+    return (
+        "on 3 real gloo processes every rank returned its left neighbour's tensor (float64 and int64), "
+        "using point-to-point calls only."
+    )

@@ -1,0 +1,289 @@
+"""Used by notebook 02c's exercises: a vocabulary-parallel embedding written by hand (02c.1) and a
+tensor-parallel plan for ``parallelize_module`` (02c.2), each run on two gloo processes and compared with
+the unsplit model.
+
+02c.1 gives rank ``r`` rows ``r·V/2 … (r+1)·V/2 - 1`` of an embedding table, calls the student's
+``vocab_parallel_embedding(ids, weight_shard)`` with ids from both halves, back-propagates a fixed
+gradient, and compares each rank's output and ``weight_shard.grad`` with ``nn.Embedding`` on the whole
+table. A dispatch mode notes every collective and its bytes: nothing may gather or broadcast rows, and
+the all-reduced bytes must be those of the output, not of the table; a collective that autograd goes
+through without knowing it (a plain ``dist.all_reduce``, which PyTorch warns about) is refused.
+
+02c.2 builds a small language-model-shaped network (embedding, 3 residual MLP blocks, head), calls the
+student's ``shard_model(model, mesh)`` on a 1-D CPU mesh, and checks that every weight is a sharded
+DTensor, that the logits (full, on every rank) and all gradients equal the unsplit model's, and, with
+``CommDebugMode``, that each block's forward runs a single collective.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..exercises import Wrong, exercise
+from ._ranks import run_ranks
+
+_NPROCS = 2
+
+
+class _Collectives(TorchDispatchMode):
+    """Notes each collective that runs below it and the bytes of the first tensor it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func._overloadpacket.__name__.strip("_")
+        name = name.replace("allreduce", "all_reduce").replace("allgather", "all_gather")
+        if name.startswith(
+            ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "scatter")
+        ):
+            tensor = next(a for a in tree_leaves(args) if isinstance(a, torch.Tensor))
+            self.log.append((name, tensor.numel() * tensor.element_size()))
+        return func(*args, **(kwargs or {}))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# --- 02c.1: a vocabulary-parallel embedding ---------------------------------------------------------
+
+_V, _H = 16, 8
+
+
+def _embedding_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The full table, ids that use both halves of it, and the gradient arriving from above."""
+    gen = torch.Generator().manual_seed(20)
+    table = torch.randn(_V, _H, generator=gen)
+    ids = torch.randint(0, _V, (3, 7), generator=gen)
+    ids[0, :4] = torch.tensor([0, _V // 2 - 1, _V // 2, _V - 1])  # both edges of both halves
+    upstream = torch.randn(3, 7, _H, generator=gen)
+    return table, ids, upstream
+
+
+def _embedding_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
+    table, ids, upstream = _embedding_case()
+    weight_shard = table.chunk(world_size, 0)[rank].clone().requires_grad_()
+    with _Collectives() as fwd:
+        out = fn(ids.clone(), weight_shard)
+    if not isinstance(out, torch.Tensor):
+        return {"type": type(out).__name__}
+    result: dict[str, Any] = {"out": out.detach().clone(), "fwd": fwd.log, "graph": out.requires_grad}
+    if out.requires_grad and out.shape == upstream.shape:
+        with warnings.catch_warnings(record=True) as caught, _Collectives() as bwd:
+            warnings.simplefilter("always")
+            out.backward(upstream)
+        result["bwd"] = bwd.log
+        result["untracked"] = any("autograd kernel was not registered" in str(w.message) for w in caught)
+        result["grad"] = None if weight_shard.grad is None else weight_shard.grad.clone()
+    return result
+
+
+@exercise(
+    "02c.1",
+    "a vocabulary-parallel embedding",
+    hint="a rank can look up only the ids that fall in its own rows, numbered from 0 inside its shard; "
+    "every other token must add nothing, and the ranks' partial results add up like a row-parallel "
+    "layer's partial sums, in an all-reduce that autograd can go through.",
+)
+def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
+    if not callable(fn):
+        raise Wrong(f"pass the function itself, not {type(fn).__name__}")
+    results = run_ranks(_embedding_rank, _NPROCS, fn, timeout_s=60.0)
+    table, ids, upstream = _embedding_case()
+    full = table.clone().requires_grad_()
+    want = F.embedding(ids, full)
+    want.backward(upstream)
+    rows = _V // _NPROCS
+    for rank, res in enumerate(results):
+        if "type" in res:
+            raise Wrong(f"rank {rank} returned a {res['type']}, not a tensor of embeddings.")
+        if tuple(res["out"].shape) != tuple(want.shape):
+            raise Wrong(
+                f"rank {rank} returned shape {tuple(res['out'].shape)}; the embeddings of ids of shape "
+                f"{tuple(ids.shape)} have shape {tuple(want.shape)}."
+            )
+        copied = [(op, size) for op, size in res["fwd"] if not op.startswith("all_reduce")]
+        if copied:
+            raise Wrong(
+                f"rank {rank}'s forward ran {copied[0][0]} ({copied[0][1]:,} B): it copies what another rank "
+                "holds, and each rank may use only its own rows."
+            )
+        too_big = [size for _, size in res["fwd"] if size > want.numel() * want.element_size()]
+        if too_big:
+            raise Wrong(
+                f"rank {rank} all-reduced {too_big[0]:,} B, more than the {want.numel() * 4:,} B of the "
+                "output itself: the table's rows are not the ranks' to exchange."
+            )
+        bad = ~torch.isclose(res["out"], want.detach(), rtol=1e-4, atol=1e-5).all(-1)
+        if bad.any():
+            token = int(ids[bad][0])
+            owner = token // rows
+            raise Wrong(
+                f"rank {rank}'s output differs from nn.Embedding on the whole table for {int(bad.sum())} of "
+                f"{ids.numel()} tokens, e.g. id {token}, which lies in rank {owner}'s rows."
+            )
+        if not res["graph"]:
+            raise Wrong(
+                f"rank {rank}'s output does not require grad: autograd cannot reach weight_shard through it."
+            )
+        if res.get("untracked"):
+            raise Wrong(
+                f"rank {rank}'s backward went through a collective that autograd does not know (PyTorch "
+                "warns that this 'may lead to silently incorrect behavior' and will stop allowing it)."
+            )
+        grad, ref = res.get("grad"), full.grad.chunk(_NPROCS, 0)[rank]
+        if grad is None:
+            raise Wrong(
+                f"after backward, rank {rank}'s weight_shard.grad is None: no gradient reached the shard."
+            )
+        if not _close(grad, ref):
+            off = (grad - ref).abs().sum(-1).nonzero().flatten().tolist()
+            raise Wrong(
+                f"rank {rank}'s weight_shard.grad differs from its slice of the full table's gradient in "
+                f"{len(off)} of its {rows} rows (its local rows {off[:4]})."
+            )
+    return (
+        f"on {_NPROCS} gloo ranks the embeddings and every shard's gradient equal nn.Embedding's; "
+        "the forward all-reduced no more than the output's bytes and copied no rows between ranks."
+    )
+
+
+# --- 02c.2: a parallelize_module plan -----------------------------------------------------------------
+
+_VOCAB, _HIDDEN, _BLOCKS = 32, 16, 3
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(_HIDDEN, 4 * _HIDDEN), nn.Linear(4 * _HIDDEN, _HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.relu(self.up(x)))
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(_VOCAB, _HIDDEN)
+        self.blocks = nn.Sequential(*[_Block() for _ in range(_BLOCKS)])
+        self.head = nn.Linear(_HIDDEN, _VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def _weights() -> list[str]:
+    names = ["embed.weight"]
+    names += [f"blocks.{i}.{part}.weight" for i in range(_BLOCKS) for part in ("up", "down")]
+    return [*names, "head.weight"]
+
+
+def _plan_case() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(21)
+    return torch.randint(0, _VOCAB, (2, 6), generator=gen), torch.randn(2, 6, _VOCAB, generator=gen)
+
+
+def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = _Net()
+    returned = fn(model, mesh)
+    if isinstance(returned, nn.Module):
+        model = returned
+    params = dict(model.named_parameters())
+    unsharded = [
+        n
+        for n in _weights()
+        if not isinstance(params[n], DTensor)
+        or params[n].to_local().numel() * world_size != params[n].numel()
+    ]
+    if unsharded:
+        return {"unsharded": unsharded}
+    ids, upstream = _plan_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn about inputs without gradients
+        with CommDebugMode() as debug:
+            logits = model(ids)
+    blocks = {}
+    for i in range(_BLOCKS):
+        counts = next(
+            (c["forward"] for m, c in debug.comm_module_counts.items() if m.endswith(f"blocks.{i}")), {}
+        )
+        blocks[i] = {str(op).split(".")[-1]: n for op, n in counts.items() if n}
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    result: dict[str, Any] = {"logits": logits.detach().clone(), "blocks": blocks}
+    if logits.shape == upstream.shape:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the same hooks fire again in the backward
+            logits.backward(upstream)
+        result["grads"] = {
+            n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
+    return result
+
+
+@exercise(
+    "02c.2",
+    "a tensor-parallel plan",
+    hint="give each layer a style by its role: which layers make a slice of the features and which take "
+    "one in, and which layouts the embedding's input and the head's output must have for the model to "
+    "behave like the unsplit one (PyTorch's TP tutorial plans a Transformer with the same four parts).",
+)
+def grade_shard_model(fn: Callable[..., Any]) -> str:
+    if not callable(fn):
+        raise Wrong(f"pass the function itself, not {type(fn).__name__}")
+    results = run_ranks(_plan_rank, _NPROCS, fn, timeout_s=60.0)
+    ids, upstream = _plan_case()
+    model = _Net()
+    want = model(ids)
+    want.backward(upstream)
+    for rank, res in enumerate(results):
+        if "unsharded" in res:
+            raise Wrong(
+                f"on rank {rank} {', '.join(res['unsharded'][:3])} "
+                f"{'is' if len(res['unsharded']) == 1 else 'are'} not split over the mesh "
+                "(still whole on every rank)."
+            )
+        got = res["logits"]
+        if tuple(got.shape) != tuple(want.shape):
+            raise Wrong(
+                f"rank {rank}'s logits have shape {tuple(got.shape)}; the unsplit model returns "
+                f"{tuple(want.shape)} on every rank."
+            )
+        if not _close(got, want.detach()):
+            raise Wrong(
+                f"rank {rank}'s logits differ from the unsplit model's by up to "
+                f"{(got - want).abs().max():.3g}."
+            )
+        for i, counts in res["blocks"].items():
+            if sum(counts.values()) != 1:
+                ran = ", ".join(f"{op} ×{n}" for op, n in counts.items()) or "no collective"
+                raise Wrong(
+                    f"block {i}'s forward ran {ran} on rank {rank}; §2's MLP needed a single collective."
+                )
+        grads = res.get("grads", {})
+        for name, p in model.named_parameters():
+            if name not in grads or not _close(grads[name], p.grad):
+                raise Wrong(f"on rank {rank} the gradient of {name} differs from the unsplit model's.")
+    return (
+        f"every weight sharded over {_NPROCS} gloo ranks; logits and all gradients equal the unsplit "
+        f"model's; one collective per block in the forward ({_BLOCKS} blocks)."
+    )

@@ -1,0 +1,204 @@
+"""Used by notebook 04c's exercises: exact distributed evaluation on an uneven validation set (04c.1)
+and a SyncBatchNorm written by hand with an all-reduce (04c.2), each run on 2 and 3 real gloo
+processes started with :func:`mgpu_helpers.launching.launch`.
+
+04c.1 hands the student's ``evaluate(model, dataset)`` a fixed linear classifier and a 23-sample
+dataset (23 is odd and not a multiple of 3, so ``DistributedSampler`` pads it), counts the rows each
+rank's model sees, and compares every rank's answer with one process's accuracy on the whole dataset.
+
+04c.2 gives each rank an uneven share of a float64 batch (3 + 5 rows, then 2 + 4 + 6) and a
+``BatchNorm1d`` with non-trivial weight and bias, calls the student's ``sync_batch_norm(x, bn)``,
+backpropagates a fixed weighted sum, and compares the outputs, the running statistics, the input
+gradients and the summed weight and bias gradients with one ``BatchNorm1d`` on the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ..exercises import Wrong, exercise
+from ._ranks import run_ranks
+
+# --- 04c.1: exact distributed accuracy -------------------------------------------------------------------
+
+_N_EVAL = 23
+_WRONGLY_LABELLED = (3, 5, 6, 9, 14, 17, 20, 22)  # samples 0 and 1 (the ones padding repeats) are right
+
+
+def _eval_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(4, 3)
+
+
+def _eval_dataset() -> TensorDataset:
+    x = torch.randn(_N_EVAL, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = _eval_model()(x).argmax(dim=1)
+    for i in _WRONGLY_LABELLED:
+        y[i] = (y[i] + 1) % 3
+    return TensorDataset(x, y)
+
+
+def _eval_rank(rank: int, world_size: int, evaluate: Callable[..., Any]) -> dict[str, Any]:
+    model = _eval_model()
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda _m, inputs: rows.append(len(inputs[0])))
+    answer = evaluate(model, _eval_dataset())
+    return {"answer": answer, "rows": sum(rows)}
+
+
+@exercise(
+    "04c.1",
+    "exact distributed accuracy",
+    hint="Which samples does each rank evaluate: does any sample count twice? And is the mean of the ranks' "
+    "accuracies the accuracy over all samples when the ranks hold different numbers of them? What can "
+    "you add up over the ranks instead?",
+)
+def grade_evaluate(evaluate: Callable[..., Any]) -> str:
+    """2 and 3 gloo ranks on 23 samples: every rank's answer equals one process's accuracy."""
+    if not callable(evaluate):
+        raise Wrong(f"pass the function evaluate itself, not {type(evaluate).__name__}")
+    truth = 1 - len(_WRONGLY_LABELLED) / _N_EVAL
+    for world_size in (2, 3):
+        ranks = run_ranks(_eval_rank, world_size, evaluate)
+        share = math.ceil(_N_EVAL / world_size)
+        for rank, out in enumerate(ranks):
+            if out["rows"] > share:
+                raise Wrong(
+                    f"with {world_size} ranks, rank {rank} ran the model on {out['rows']} samples of "
+                    f"{_N_EVAL}; each rank should evaluate only its own share (at most {share})."
+                )
+            answer = out["answer"]
+            if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+                answer = answer.item()
+            if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+                raise Wrong(f"rank {rank} returned {answer!r:.60}; return the accuracy as a number.")
+            if not abs(answer - truth) < 1e-9:
+                raise Wrong(
+                    f"with {world_size} ranks on {_N_EVAL} samples, rank {rank} reported accuracy "
+                    f"{answer:.6f}, but one process on the whole dataset measures {truth:.6f}."
+                )
+        if sum(out["rows"] for out in ranks) < _N_EVAL:
+            raise Wrong(f"with {world_size} ranks, some of the {_N_EVAL} samples were never evaluated.")
+    return (
+        f"on 2 and 3 real gloo processes, each rank evaluated only its share of {_N_EVAL} samples and every "
+        "rank reported exactly the single-process accuracy."
+    )
+
+
+# --- 04c.2: SyncBatchNorm by hand --------------------------------------------------------------------------
+
+_FEATURES = 6
+_ROWS = {2: (3, 5), 3: (2, 4, 6)}
+
+
+def _bn() -> nn.BatchNorm1d:
+    bn = nn.BatchNorm1d(_FEATURES).double()
+    with torch.no_grad():
+        bn.weight.copy_(1 + 0.1 * torch.arange(_FEATURES))
+        bn.bias.copy_(0.05 * torch.arange(_FEATURES))
+        bn.running_mean.fill_(0.5)  # not the defaults, so that a forgotten update shows
+        bn.running_var.fill_(2.0)
+    return bn
+
+
+def _batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(world_size)
+    n = sum(_ROWS[world_size])
+    x = 3 + 2 * torch.randn(n, _FEATURES, dtype=torch.float64, generator=gen)
+    return x, torch.randn(n, _FEATURES, dtype=torch.float64, generator=gen)  # inputs, loss weights
+
+
+def _bn_rank(rank: int, world_size: int, sync_batch_norm: Callable[..., Any]) -> dict[str, Any]:
+    x, coef = _batch(world_size)
+    start = sum(_ROWS[world_size][:rank])
+    rows = slice(start, start + _ROWS[world_size][rank])
+    mine = x[rows].clone().requires_grad_(True)
+    bn = _bn().train()
+    with warnings.catch_warnings():  # backprop through a plain dist.all_reduce warns; the grader says why
+        warnings.simplefilter("ignore")
+        out = sync_batch_norm(mine, bn)
+        if not isinstance(out, torch.Tensor) or out.shape != mine.shape:
+            return {"bad": repr(out)[:60]}
+        (out * coef[rows]).sum().backward()  # this rank's part of the loss
+    return {
+        "out": out.detach(),
+        "running": (bn.running_mean.clone(), bn.running_var.clone()),
+        "x_grad": None if mine.grad is None else mine.grad.clone(),
+        "wb_grad": [None if p.grad is None else p.grad.clone() for p in (bn.weight, bn.bias)],
+    }
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@exercise(
+    "04c.2",
+    "SyncBatchNorm by hand",
+    hint="Which sums must every rank know to get the statistics of the whole batch, and how many samples "
+    "are there in all? Which variance goes into running_var? And does the backward pass of your "
+    "all-reduce reach the other ranks?",
+)
+def grade_sync_batch_norm(sync_batch_norm: Callable[..., Any]) -> str:
+    """2 and 3 gloo ranks with uneven rows: outputs, running stats and gradients vs the full batch."""
+    if not callable(sync_batch_norm):
+        raise Wrong(f"pass the function sync_batch_norm itself, not {type(sync_batch_norm).__name__}")
+    for world_size in (2, 3):
+        ranks = run_ranks(_bn_rank, world_size, sync_batch_norm)
+        x, coef = _batch(world_size)
+        full = _bn().train()
+        x = x.clone().requires_grad_(True)
+        expected = full(x)
+        (expected * coef).sum().backward()
+        starts = [sum(_ROWS[world_size][:r]) for r in range(world_size)]
+        setting = f"with {world_size} ranks holding {'+'.join(map(str, _ROWS[world_size]))} rows"
+        for rank, out in enumerate(ranks):
+            if "bad" in out:
+                raise Wrong(f"rank {rank}'s sync_batch_norm returned {out['bad']}; return the normalised x.")
+            rows = slice(starts[rank], starts[rank] + _ROWS[world_size][rank])
+            diff = _max_diff(out["out"], expected[rows].detach())
+            if not diff < 1e-9:
+                raise Wrong(
+                    f"{setting}, rank {rank}'s output differs from BatchNorm on the whole batch by "
+                    f"{diff:.3g}."
+                )
+            for name, got, want in zip(
+                ("running_mean", "running_var"),
+                out["running"],
+                (full.running_mean, full.running_var),
+                strict=True,
+            ):
+                diff = _max_diff(got, want)
+                if not diff < 1e-9:
+                    raise Wrong(
+                        f"{setting}, rank {rank}'s {name} differs from the whole batch's by {diff:.3g}."
+                    )
+            if out["x_grad"] is None:
+                raise Wrong(f"{setting}, rank {rank}'s input got no gradient: the output must depend on x.")
+            diff = _max_diff(out["x_grad"], x.grad[rows])
+            if not diff < 1e-9:
+                raise Wrong(
+                    f"{setting}, the outputs are right but rank {rank}'s input gradient differs from the "
+                    f"whole batch's by {diff:.3g}."
+                )
+        for i, name in enumerate(("weight", "bias")):
+            if any(out["wb_grad"][i] is None for out in ranks):
+                raise Wrong(f"{setting}, bn.{name} got no gradient: use bn.weight and bn.bias in the output.")
+            diff = _max_diff(sum(out["wb_grad"][i] for out in ranks), (full.weight.grad, full.bias.grad)[i])
+            if not diff < 1e-9:
+                raise Wrong(
+                    f"{setting}, the ranks' {name} gradients add up to something else than the whole "
+                    f"batch's (off by {diff:.3g})."
+                )
+    return (
+        "on 2 and 3 real gloo processes with uneven batches, outputs, running statistics, input gradients "
+        "and (summed over ranks) weight and bias gradients equal one BatchNorm on the whole batch."
+    )

@@ -1,0 +1,166 @@
+"""Used by notebook 07c's exercises: reading real Flight Recorder dumps of a hung job (07c.1) and reading
+DDP's all-reduces from a ``torch.profiler`` profile (07c.2).
+
+07c.1 hangs a real 3-process gloo job — rank 2 skips a broadcast that ranks 0 and 1 issue, with a
+1.5-second collective timeout — and collects every rank's Flight Recorder dump with a ring buffer of 4
+entries, so that every dump holds the same number of entries. The student's function is called on the
+dumps as recorded and with the ranks relabelled. 07c.2 runs the student's function on both ranks of a
+2-process gloo DDP job whose buckets (``bucket_cap_mb``) give several all-reduces, three of them of the
+same size, and compares the answer with the grader's own profile of the next step and with the model's
+parameter count.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..ddp import captured_native_stderr
+from ..exercises import Wrong, exercise
+from ..launching import LaunchError, launch
+
+# ------------------------------------------------------------------------------------------ 07c.1
+_FR_TIMEOUT_S = 1.5  # short, but long enough for the ranks to join on a loaded machine
+_BEHIND = 2  # the rank that skips the broadcast (the notebook shows rank 1 skipping an all-reduce)
+_SKIPPED = "gloo:broadcast"
+
+
+def _hang_and_dump(rank: int, world_size: int) -> bytes:
+    """Six all-reduces on every rank, then a broadcast that rank ``_BEHIND`` never joins; the dump."""
+    for _ in range(6):
+        dist.all_reduce(torch.ones(16))
+    try:
+        if rank == _BEHIND:
+            time.sleep(_FR_TIMEOUT_S + 0.5)  # busy elsewhere: never issues the broadcast
+        else:
+            dist.broadcast(torch.ones(4), src=0)
+    except RuntimeError:  # the peers' timeout: expected
+        pass
+    return torch._C._distributed_c10d._dump_fr_trace()
+
+
+def _real_dumps() -> dict[int, dict[str, Any]]:
+    try:
+        raw = launch(
+            _hang_and_dump,
+            3,
+            backend="gloo",
+            collective_timeout_s=_FR_TIMEOUT_S,
+            timeout_s=30.0,
+            env={"TORCH_FR_BUFFER_SIZE": "4"},
+        )
+    except LaunchError as exc:  # not the student's fault: say so plainly
+        raise RuntimeError(f"the grader's own 3-process job failed: {str(exc)[:300]}") from None
+    return {rank: pickle.loads(blob) for rank, blob in enumerate(raw)}
+
+
+def _check_answer(answer: object, want_rank: int, dumps_note: str) -> None:
+    if not (isinstance(answer, tuple | list) and len(answer) == 2):
+        raise Wrong(f"it returned {answer!r}; return a tuple (rank, collective).")
+    rank, name = answer
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise Wrong(f"the rank it returned is {rank!r}, not a rank number (an int).")
+    if rank != want_rank:
+        raise Wrong(
+            f"{dumps_note}it named rank {rank}, but rank {rank} issued as many collectives as the "
+            "others or more: it is not the one behind."
+        )
+    if name != _SKIPPED:
+        raise Wrong(
+            f"{dumps_note}it named the right rank but the collective {name!r}, which is not the one the "
+            "other ranks issued next."
+        )
+
+
+@exercise(
+    "07c.1",
+    "find the rank that is behind in Flight Recorder dumps",
+    hint="compare the ranks' collective sequence numbers (collective_seq_id), not how many entries each "
+    "dump holds: the recorder is a ring buffer and keeps only its last N entries.",
+)
+def _grade_behind(who_is_behind: Callable[[dict[int, dict[str, Any]]], object]) -> str:
+    dumps = _real_dumps()
+    _check_answer(who_is_behind({r: d for r, d in dumps.items()}), _BEHIND, "")
+    relabelled = {(r + 1) % len(dumps): d for r, d in dumps.items()}  # the behind dump is now rank 0
+    _check_answer(
+        who_is_behind(relabelled),
+        (_BEHIND + 1) % len(dumps),
+        "with the ranks relabelled (rank r's dump given as rank r+1, the last as rank 0) ",
+    )
+    return (
+        "on real dumps of a hung 3-process gloo job with a 4-entry ring buffer it named the rank that "
+        "skipped the broadcast, also with the ranks relabelled"
+    )
+
+
+# ------------------------------------------------------------------------------------------ 07c.2
+def _profiled_sizes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[int]:
+    """The grader's own reading: elements of every all-reduce in one profiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        F.cross_entropy(model(x), y).backward()
+    return sorted(math.prod(e.input_shapes[0]) for e in prof.events() if e.name.endswith(":all_reduce"))
+
+
+def _ddp_job(rank: int, world_size: int, fn: Callable[..., object]) -> tuple[object, list[int], int]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
+    # 0.05 MB buckets: one per hidden layer (three of the same size) plus the output layer's
+    model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(128, 10)), bucket_cap_mb=0.05)
+    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    F.cross_entropy(model(x), y).backward()  # warm-up: DDP rebuilds its buckets after the first step
+    model.zero_grad(set_to_none=True)
+    got = fn(model, x, y)
+    if isinstance(got, torch.Tensor):
+        got = got.tolist()
+    model.zero_grad(set_to_none=True)
+    return got, _profiled_sizes(model, x, y), sum(p.numel() for p in model.parameters())
+
+
+@exercise(
+    "07c.2",
+    "read DDP's all-reduces from a profile",
+    hint="profile with record_shapes=True; the backend's all-reduce events are named like "
+    "'gloo:all_reduce' and their input shape is the bucket. A row of key_averages() can stand for "
+    "several calls.",
+)
+def _grade_sizes(allreduce_sizes: Callable[..., object]) -> str:
+    try:
+        with captured_native_stderr():  # the profiler's C++ start/stop log lines
+            results = launch(_ddp_job, 2, args=(allreduce_sizes,), backend="gloo", timeout_s=60.0)
+    except LaunchError as exc:
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+        raise Wrong(f"a rank raised: {(errors or lines)[-1].strip()[:200]}") from None
+    for rank, (got, want, params) in enumerate(results):
+        if not isinstance(got, list | tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in got
+        ):
+            raise Wrong(f"rank {rank} returned {got!r}; return a list of element counts (ints).")
+        if list(got) != sorted(got):
+            raise Wrong(f"rank {rank} returned {list(got)}, which is not sorted.")
+        if len(got) != len(want):
+            raise Wrong(
+                f"rank {rank} returned {len(got)} all-reduce(s), but the profiled step made {len(want)}."
+            )
+        if list(got) != want:
+            raise Wrong(
+                f"rank {rank} returned sizes {list(got)}; the profiled step's all-reduces had other sizes "
+                f"(together they carry every gradient: {params:,} elements)."
+            )
+    return (
+        f"on both ranks of a 2-process gloo DDP job it read {len(want)} all-reduces, "
+        f"{sum(want):,} elements = every parameter's gradient"
+    )

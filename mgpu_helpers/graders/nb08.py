@@ -1,0 +1,279 @@
+"""Used by notebook 08's exercises: the capstone's DDP training with a learning-rate schedule, run end to
+end on 2 gloo processes with a crash and a resume (08.1), and a Ray Tune trainable that reports every
+epoch, run by a real ``tune.Tuner`` with ASHA on the Ray the notebook is connected to (08.2).
+
+The graders build their own data from scikit-learn's digits (a fixed subset, no download), so the
+student's code must read the data from what it is given, never from notebook globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from ..exercises import Wrong, exercise
+from ._ranks import run_ranks
+
+_N_TRAIN, _N_VAL = 800, 301  # 400 items per rank; 301 is odd, so a padded evaluation shows
+_CRASH_AT = 1000  # rank 1's 1000th item: halfway through epoch 3 (400 items per rank and epoch)
+
+
+def _digits() -> tuple[Any, Any, Any, Any]:
+    """A fixed, shuffled subset of scikit-learn's digits: (x_train, y_train, x_val, y_val), pixels 0..1."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(8))
+    tr, va = order[:_N_TRAIN], order[_N_TRAIN : _N_TRAIN + _N_VAL]
+    return x[tr], y[tr], x[va], y[va]
+
+
+class _Recorded:
+    """A map-style dataset of ``(x, y)`` pairs that records the indices read, and can crash on rank 1."""
+
+    def __init__(self, x: Any, y: Any, crash_at: int | None = None) -> None:
+        self.x, self.y, self.crash_at, self.seen = x, y, crash_at, []
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        index = int(index)
+        self.seen.append(index)
+        if self.crash_at and len(self.seen) >= self.crash_at and os.environ.get("RANK") == "1":
+            raise RuntimeError("simulated crash of rank 1 (by the grader)")
+        return self.x[index], self.y[index]
+
+
+def _run_08_1(rank: int, world_size: int, fn: Callable[..., Any], config: dict[str, Any]) -> Any:
+    import torch
+
+    result = fn(rank, world_size, config)
+    if not isinstance(result, dict) or not {"accuracy", "lrs", "model"} <= set(result):
+        raise TypeError("train_scheduled must return a dict with 'accuracy', 'lrs' and 'model'")
+    if not isinstance(result["model"], torch.nn.Module):
+        raise TypeError("result['model'] must be the trained nn.Module (the one DDP wraps: ddp_model.module)")
+    model = result["model"].cpu()
+    return float(result["accuracy"]), [float(v) for v in result["lrs"]], model, config["train_set"].seen
+
+
+def _full_accuracies(model: Any, x: Any, y: Any) -> list[float]:
+    """The validation accuracy of ``model`` on all of (x, y), in fp32 and under bf16 autocast."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for enabled in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                out.append((model(x).argmax(1) == y).double().mean().item())
+    return out
+
+
+def _expected_lrs(lr: float, epochs: int, steps: int) -> list[float]:
+    import torch
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, epochs=epochs, steps_per_epoch=steps)
+    lrs = []
+    for _ in range(epochs * steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return lrs
+
+
+def _check_shards(seen: list[list[int]], epochs: int) -> None:
+    per_rank = _N_TRAIN // 2
+    counts = [len(s) for s in seen]
+    if not all(counts):
+        raise Wrong(
+            "no rank read an item through config['train_set'] (read the training data with a DataLoader "
+            "over it, num_workers=0)."
+        )
+    if counts != [epochs * per_rank] * 2:
+        raise Wrong(
+            f"over {epochs} epochs the ranks read {counts} training items; each rank's share of "
+            f"{_N_TRAIN} items is {per_rank} per epoch, {epochs * per_rank} in all."
+        )
+    epochs_of = [[s[e * per_rank : (e + 1) * per_rank] for e in range(epochs)] for s in seen]
+    for e in range(epochs):
+        a, b = set(epochs_of[0][e]), set(epochs_of[1][e])
+        if a & b or len(a | b) != _N_TRAIN:
+            raise Wrong(
+                f"in epoch {e + 1} the two ranks read {len(a & b)} items in common and {len(a | b)} of "
+                f"{_N_TRAIN} distinct items: their shares overlap."
+            )
+    if all(epochs_of[0][e] == epochs_of[0][0] for e in range(1, epochs)):
+        raise Wrong(f"rank 0 read its items in the same order in all {epochs} epochs.")
+
+
+@exercise(
+    "08.1",
+    "DDP training with a schedule that survives a crash",
+    hint="start from section 2's train; a resumed run must continue exactly where the crashed one was: "
+    "which objects change during training, and are they all in your checkpoint and restored from it?",
+)
+def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
+    import torch
+
+    if not callable(train_scheduled):
+        raise Wrong(f"pass the function itself, not {type(train_scheduled).__name__}.")
+    x, y, xv, yv = _digits()
+    epochs, lr, batch = 4, 0.2, 64
+    steps = math.ceil(_N_TRAIN // 2 / (batch // 2))
+    with tempfile.TemporaryDirectory(prefix="grader-08-1-") as tmp:
+
+        def config(name: str, crash_at: int | None = None) -> dict[str, Any]:
+            return {
+                "train_set": _Recorded(x, y, crash_at),
+                "val": (xv, yv),
+                "lr": lr,
+                "batch_size": batch,
+                "epochs": epochs,
+                "checkpoint": os.path.join(tmp, f"{name}.pt"),
+            }
+
+        whole = run_ranks(_run_08_1, 2, train_scheduled, config("whole"), timeout_s=60)
+        try:
+            run_ranks(_run_08_1, 2, train_scheduled, config("crashed", _CRASH_AT), timeout_s=60)
+        except Wrong as exc:
+            if "simulated crash" not in str(exc):
+                raise Wrong(f"in the run the grader crashes, {exc}") from None
+        else:
+            raise Wrong(
+                "the grader's crash (rank 1, epoch 3) never happened: does your loop read its items from "
+                "config['train_set']?"
+            )
+        if not os.path.exists(config("crashed")["checkpoint"]):
+            raise Wrong("after two epochs and a crash there is no file at config['checkpoint'].")
+        resumed = run_ranks(_run_08_1, 2, train_scheduled, config("crashed"), timeout_s=60)
+    (acc0, lrs, model0, seen0), (acc1, _, model1, seen1) = whole
+    state0, state1 = model0.state_dict(), model1.state_dict()
+    for name, value in state0.items():
+        if not torch.allclose(value, state1[name], atol=1e-6):
+            raise Wrong(f"after training, '{name}' differs between rank 0 and rank 1.")
+    _check_shards([seen0, seen1], epochs)
+    if acc0 != acc1:
+        raise Wrong(f"the ranks report different validation accuracies, {acc0:.4f} and {acc1:.4f}.")
+    full = _full_accuracies(model0, xv, yv)
+    if not any(abs(acc0 - a) < 1e-6 for a in full):
+        raise Wrong(
+            f"the reported validation accuracy is {acc0:.5f}, but the returned model classifies "
+            f"{full[0]:.5f} of all {_N_VAL} validation samples correctly ({full[1]:.5f} under bf16 "
+            "autocast): some samples were left out or counted twice."
+        )
+    if acc0 < 0.85:
+        raise Wrong(f"after {epochs} epochs the validation accuracy is {acc0:.3f}, below 0.85.")
+    expected = _expected_lrs(lr, epochs, steps)
+    if len(lrs) != len(expected) or not all(
+        math.isclose(a, b, rel_tol=1e-6) for a, b in zip(lrs, expected, strict=True)
+    ):
+        raise Wrong(
+            f"the {len(lrs)} learning rates of an uninterrupted run are not OneCycleLR's {len(expected)} "
+            f"({epochs} epochs of {steps} steps); first ones {[round(v, 4) for v in lrs[:3]]}, expected "
+            f"{[round(v, 4) for v in expected[:3]]}."
+        )
+    acc_r, lrs_r, model_r, _ = resumed[0]
+    tail = expected[2 * steps :]
+    if len(lrs_r) != len(tail):
+        raise Wrong(
+            f"after a crash in epoch 3 the resumed run trained {len(lrs_r)} steps; the checkpoint of epoch 2 "
+            f"leaves {len(tail)} (epochs 3 and 4)."
+        )
+    if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(lrs_r, tail, strict=True)):
+        raise Wrong(
+            f"the resumed run's learning rates start at {[round(v, 4) for v in lrs_r[:3]]}, but an "
+            f"uninterrupted run used {[round(v, 4) for v in tail[:3]]} in those steps."
+        )
+    state_r = model_r.state_dict()
+    gap = max((state_r[k] - v).abs().max().item() for k, v in state0.items())
+    if gap > 1e-6:
+        raise Wrong(
+            f"the resumed run's final weights differ from the uninterrupted run's by up to {gap:.2g}."
+        )
+    return (
+        f"2 ranks shared the data in a new order every epoch, reported the exact validation accuracy "
+        f"({acc0:.3f}) and followed OneCycleLR; crashed in epoch 3 and resumed, the final weights equal "
+        "an uninterrupted run's"
+    )
+
+
+@exercise(
+    "08.2",
+    "a Tune trainable that ASHA can stop early",
+    hint="a scheduler can only judge a trial by what it has reported so far: what should your trainable "
+    "report, on which data, and how often?",
+)
+def grade_trainable(trainable: Callable[..., Any]) -> str:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from ..tuning import quiet_logs
+    from .nb06b import _by_value, _ray_here
+
+    if not callable(trainable):
+        raise Wrong(f"pass the function itself, not {type(trainable).__name__}.")
+    data = _digits()
+    good, poor, epochs = 0.2, 1e-5, 4
+    printed = io.StringIO()  # Ray's console output stays out of the feedback
+    with (
+        _ray_here(),
+        _by_value(trainable),
+        quiet_logs(),
+        tempfile.TemporaryDirectory(prefix="grader-08-2-") as storage,
+        contextlib.redirect_stdout(printed),
+    ):
+        results = tune.Tuner(
+            tune.with_resources(tune.with_parameters(trainable, data=data), {"cpu": 1}),
+            param_space={"lr": tune.grid_search([good, poor]), "epochs": epochs},
+            tune_config=tune.TuneConfig(
+                scheduler=ASHAScheduler(metric="accuracy", mode="max", max_t=epochs, grace_period=1),
+                max_concurrent_trials=1,  # the good trial first: ASHA compares the poor one with it
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(name="grader_08_2", storage_path=storage, verbose=0),
+        ).fit()
+        by_lr = {r.config["lr"]: r for r in results}
+        errors = [r.error for r in results if r.error is not None]
+        reports = {lr: r.metrics_dataframe for lr, r in by_lr.items()}
+    if errors:
+        text = str(errors[0]).strip()
+        raise Wrong(
+            f"a trial failed inside Ray: {text.splitlines()[-1] if text else type(errors[0]).__name__}"
+        )
+    for lr, df in reports.items():
+        if df is None or "accuracy" not in df.columns:
+            raise Wrong(f"the trial with lr={lr:g} reported no 'accuracy'.")
+    accuracies = [float(v) for v in reports[good]["accuracy"]]
+    if len(accuracies) != epochs:
+        raise Wrong(
+            f"the trial with lr={good:g} trained {epochs} epochs and reported {len(accuracies)} time(s): "
+            "ASHA could only judge it at the end."
+        )
+    for value in accuracies:
+        if abs(value * _N_VAL - round(value * _N_VAL)) > 1e-6:
+            raise Wrong(
+                f"a reported accuracy, {value:.5f}, is not a number of correct samples out of the {_N_VAL} "
+                "validation samples."
+            )
+    if accuracies[-1] < 0.85:
+        raise Wrong(
+            f"with lr={good:g} the accuracy after {epochs} epochs is {accuracies[-1]:.3f}, below 0.85."
+        )
+    stopped = len(reports[poor])
+    if stopped != 1:
+        raise Wrong(
+            f"the trial with lr={poor:g} reported {stopped} times; ASHA should have stopped it after 1."
+        )
+    return (
+        f"reports every epoch on the {_N_VAL} validation samples (lr={good:g}: {accuracies[-1]:.3f} after "
+        f"{epochs}); ASHA stopped lr={poor:g} after its first epoch"
+    )

@@ -1,0 +1,44 @@
+"""Reference solutions of notebook 07c's exercises and typical wrong attempts (tests/test_solutions.py)."""
+
+import math
+
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+
+def who_is_behind(dumps):
+    last = {rank: max(e["collective_seq_id"] for e in d["entries"]) for rank, d in dumps.items()}
+    behind = min(last, key=last.get)
+    waited_in = next(
+        e["profiling_name"]
+        for rank, d in dumps.items()
+        if rank != behind
+        for e in d["entries"]
+        if e["collective_seq_id"] == last[behind] + 1
+    )
+    return behind, waited_in
+
+
+def who_is_behind_by_length(dumps):
+    """Counts the entries in each dump: with a wrapped ring buffer every dump holds the same number."""
+    behind = min(dumps, key=lambda rank: len(dumps[rank]["entries"]))
+    other = next(rank for rank in dumps if rank != behind)
+    return behind, dumps[other]["entries"][-1]["profiling_name"]
+
+
+def allreduce_sizes(ddp_model, x, y):
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        F.cross_entropy(ddp_model(x), y).backward()
+    return sorted(math.prod(e.input_shapes[0]) for e in prof.events() if e.name.endswith(":all_reduce"))
+
+
+def allreduce_sizes_one_per_row(ddp_model, x, y):
+    """Reads key_averages() but takes one size per row: buckets of equal size share a row (count > 1)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        F.cross_entropy(ddp_model(x), y).backward()
+    rows = prof.key_averages(group_by_input_shape=True)
+    return sorted(math.prod(e.input_shapes[0]) for e in rows if e.key.endswith(":all_reduce"))
+
+
+SOLUTIONS = {"07c.1": (who_is_behind,), "07c.2": (allreduce_sizes,)}
+WRONG = {"07c.1": (who_is_behind_by_length,), "07c.2": (allreduce_sizes_one_per_row,)}

@@ -1,0 +1,78 @@
+"""mgpu_helpers.interactive: a live 2-rank group on ipyparallel engines runs a real all_reduce, listens on
+127.0.0.1 only, and leaves no process and no temp folder behind — after a clean stop, after an error in
+a cell, and after Ctrl-C during start; stop() twice is harmless; errors name the fix."""
+
+import importlib.util
+import os
+
+import psutil
+import pytest
+
+pytest.importorskip("ipyparallel")
+
+from mgpu_helpers import interactive  # noqa: E402
+from mgpu_helpers.interactive import LiveRanks, start_ranks  # noqa: E402
+from mgpu_helpers.processes import descendants, is_loopback, listening_addresses  # noqa: E402
+
+
+def _alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_all_reduce_on_live_ranks_then_nothing_left_also_after_an_error_in_a_cell():
+    before = {p.pid for p in descendants()}
+    with pytest.raises(Exception, match="boom"), start_ranks(2, backend="gloo") as ranks:
+        assert ranks.running and ranks.backend == "gloo" and len(ranks.pids) >= 3  # controller + 2 engines
+        assert [r["rank"] for r in ranks.ranks] == [0, 1]
+        assert all(is_loopback(ip) for ip, _, _ in listening_addresses()), listening_addresses()
+        ranks.view.execute(
+            "import torch, torch.distributed as dist\n"
+            "t = torch.tensor([dist.get_rank() + 1.0])\n"
+            "dist.all_reduce(t)"
+        )
+        assert [t.item() for t in ranks.view.pull("t")] == [3.0, 3.0]  # 1 + 2 on both ranks
+        pids, folder = list(ranks.pids), ranks.temp_dir
+        assert os.path.isdir(folder)
+        ranks.view.execute("raise ValueError('boom')")  # an error inside a cell: the with block cleans up
+    assert not ranks.running
+    assert _alive(pids) == [] and not os.path.exists(folder)
+    assert {p.pid for p in descendants()} - before == set()
+    ranks.stop()  # a second stop is harmless
+    ranks.stop()
+
+
+def test_ctrl_c_during_start_stops_what_was_started(monkeypatch):
+    before = {p.pid for p in descendants()}
+    ranks = LiveRanks(2, backend="gloo")
+
+    def interrupted(self, deadline):
+        self.launched = self._launched_pids()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LiveRanks, "_wait_for_engines", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ranks.start()
+    assert len(ranks.launched) == 3  # the controller and both engines had been started
+    assert _alive(ranks.launched) == [] and not os.path.exists(ranks.temp_dir)
+    assert {p.pid for p in descendants()} - before == set()
+    ranks.stop()
+
+
+def test_errors_name_the_fix(monkeypatch):
+    with pytest.raises(ValueError, match="nprocs"):
+        LiveRanks(0)
+    with pytest.raises(ValueError, match="backend"):
+        LiveRanks(2, backend="mpi")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        interactive.importlib.util, "find_spec", lambda n, *a: None if n == "ipyparallel" else real(n, *a)
+    )
+    with pytest.raises(ModuleNotFoundError, match="pip install"):
+        LiveRanks(2, backend="gloo").start()

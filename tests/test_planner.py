@@ -1,0 +1,182 @@
+"""The parallelism planner (mgpu_helpers.planner) against the Ultra-Scale Playbook's published figures,
+the ZeRO paper's per-stage formulas, Korthikanti et al.'s activation table, and real sharded runs."""
+
+import math
+
+import pytest
+
+from mgpu_helpers.memory import TransformerShape, transformer_activation_bytes
+from mgpu_helpers.planner import (
+    GB,
+    LLAMA_8B,
+    LLAMA_70B,
+    Layout,
+    Transformer,
+    Workload,
+    activation_bytes,
+    communication_bytes,
+    make_layout,
+    plan,
+    plan_all,
+    planner_form,
+    plans_html,
+    state_bytes,
+)
+
+ONE = Layout()
+
+
+@pytest.mark.parametrize(
+    ("billions", "plain_gb", "fp32_accum_gb"),
+    [(1, 16, 20), (7, 112, 140), (70, 1120, 1400), (405, 6480, 8100)],  # the Playbook's memory table
+)
+def test_playbook_table_of_state_memory(billions, plain_gb, fp32_accum_gb):
+    psi = billions * 10**9
+    assert state_bytes(psi, ONE, Workload(precision="fp32")).total == plain_gb * GB
+    assert state_bytes(psi, ONE, Workload()).total == plain_gb * GB  # bf16 mixed: 2 + 2 + 12
+    assert state_bytes(psi, ONE, Workload(fp32_grad_accumulation=True)).total == fp32_accum_gb * GB
+
+
+def test_zero_stages_divide_what_the_paper_says():
+    psi, n = 7_000_000_000, 8
+    expected = {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}
+    for zero, total in expected.items():
+        assert state_bytes(psi, Layout(dp=n, zero=zero)).total == pytest.approx(total, abs=2)
+    # TP and PP shards divide the state a GPU holds before ZeRO divides it again
+    assert state_bytes(psi, Layout(dp=2, tp=4, pp=2, zero=3)).total == pytest.approx(16 * psi / 16, abs=2)
+
+
+def test_parameter_count_is_the_playbooks_when_not_given():
+    gpt = Transformer("toy", layers=2, hidden=8, heads=2, vocab=10)
+    assert gpt.params == 8 * 10 + 2 * (12 * 64 + 13 * 8) + 2 * 8
+    assert LLAMA_8B.params == 8_030_000_000
+
+
+def test_activations_follow_korthikanti_table_2():
+    s, b, h, a = 4096, 2, 4096, 32
+    sbh = s * b * h
+    shape = TransformerShape(layers=1, seq_len=s, batch=b, hidden=h, heads=a)
+    work = Workload(seq_len=s, micro_batch=b)
+    model = Transformer("m", 32, h, a)
+    assert activation_bytes(model, work) == transformer_activation_bytes(shape)  # the course's one formula
+    assert activation_bytes(model, work, tp=8) == round(sbh * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    sp = Workload(seq_len=s, micro_batch=b, sequence_parallel=True)
+    assert activation_bytes(model, sp, tp=8) == round(sbh * (34 + 5 * a * s / h) / 8)
+    assert activation_bytes(model, Workload(s, b, recompute="selective"), tp=4) == round(sbh * (10 + 24 / 4))
+    assert activation_bytes(model, Workload(s, b, recompute="full")) == 2 * sbh
+
+
+def test_pipeline_first_stage_holds_p_micro_batches_under_1f1b():
+    work = Workload(seq_len=1024, micro_batch=1, global_batch=16)
+    per_layer = activation_bytes(LLAMA_8B, work)
+    assert plan(LLAMA_8B, work, Layout(pp=4)).activations == 8 * 4 * per_layer  # L/p layers × p in flight
+    assert plan(LLAMA_8B, Workload(1024, 1, 2), Layout(pp=4)).activations == 8 * 2 * per_layer  # m < p
+
+
+def test_communication_formulas():
+    model, psi = LLAMA_8B, LLAMA_8B.params
+    work = Workload(seq_len=4096, micro_batch=1, global_batch=8)
+    dp = communication_bytes(model, work, Layout(dp=8))
+    assert dp == {"DP": round(2 * 7 / 8 * psi * 2), "TP": 0, "PP": 0}  # ring all-reduce of bf16 grads
+    assert communication_bytes(model, work, Layout(dp=8, zero=1))["DP"] == dp["DP"]  # ZeRO-1: same bytes
+    z3 = communication_bytes(model, work, Layout(dp=8, zero=3))["DP"]
+    assert z3 == pytest.approx(1.5 * dp["DP"], rel=1e-9)  # 3Ψ instead of 2Ψ (m = 1)
+    tp = communication_bytes(model, work, Layout(tp=8))  # m = 8 micro-batches, 32 layers
+    assert tp["TP"] == round(4 * 2 * 7 / 8 * 4096 * 4096 * 2 * 32 * 8)
+    pp = communication_bytes(model, work, Layout(pp=4))
+    assert pp["PP"] == 2 * 4096 * 4096 * 2 * 8  # a middle stage: activation forward, gradient back
+
+
+def test_degrees_that_do_not_divide_are_rejected_with_what_to_pass():
+    with pytest.raises(ValueError, match=r"tp=3 × pp=1 = 3 does not divide 8 GPUs.*tp=2, pp=1"):
+        make_layout(8, tp=3)
+    assert make_layout(8, tp=2, pp=2, zero=1) == Layout(dp=2, tp=2, pp=2, zero=1)
+    with pytest.raises(ValueError, match="with dp=1 pass zero=0"):
+        Layout(tp=2, zero=3)
+    with pytest.raises(ValueError, match="does not divide the 32 layers"):
+        plan(LLAMA_8B, Workload(), Layout(pp=3))
+    with pytest.raises(ValueError, match="must divide the 32 heads"):
+        plan(LLAMA_8B, Workload(), Layout(tp=3))
+    with pytest.raises(ValueError, match="multiple of"):
+        plan(LLAMA_8B, Workload(global_batch=6), Layout(dp=4))
+
+
+def test_plan_all_lists_every_layout_of_the_gpus_fitting_first():
+    plans = plan_all(LLAMA_70B, Workload(4096, 1, 64, recompute="selective"), 32, 80.0)
+    assert all(q.layout.n_gpus == 32 and q.layout.tp <= 8 for q in plans)
+    fits = [q.fits for q in plans]
+    assert any(fits) and fits == sorted(fits, reverse=True)
+    best = plans[0]
+    assert best.memory <= 80 * GB and best.bubble == min(q.bubble for q in plans if q.fits)
+    assert "fit" in plans_html(plans)
+    assert not any(q.fits for q in plan_all(LLAMA_70B, Workload(), 1))
+
+
+def test_form_builds_and_shows_a_table():
+    pytest.importorskip("ipywidgets")
+    form = planner_form(8, 80.0)
+    assert "<table>" in form.children[-1].value
+
+
+def _real_state(rank, world_size):
+    """fp32 Adam, one step, in four layouts on this rank: bytes from the course's tracker."""
+    import copy
+
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from mgpu_helpers.memory import MemoryTracker
+
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    mesh = init_device_mesh("cpu", (world_size,))
+    out = {}
+    for setup in ("DP", "ZeRO-1", "ZeRO-3", "TP"):
+        model = copy.deepcopy(base)
+        if setup == "TP":
+            net = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        elif setup == "ZeRO-3":
+            net = fully_shard(model, mesh=mesh)
+        else:
+            net = DDP(model)
+        if setup == "ZeRO-1":
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)
+            holder = opt.optim
+        else:
+            opt = holder = torch.optim.Adam(model.parameters())
+        tracker = MemoryTracker(model, holder)
+        with tracker:
+            net(torch.randn(8, 64)).square().mean().backward()
+            opt.step()
+            out[setup] = tracker.mark("after step").bytes
+        tracker.close()
+    return out
+
+
+def test_memory_column_matches_real_sharded_runs():
+    from mgpu_helpers.launching import launch
+
+    psi = 64 * 128 + 128 + 128 * 64 + 64
+    layouts = {
+        "DP": Layout(dp=2),
+        "ZeRO-1": Layout(dp=2, zero=1),
+        "ZeRO-3": Layout(dp=2, zero=3),
+        "TP": Layout(tp=2),
+    }
+    per_rank = launch(_real_state, 2, backend="gloo", timeout_s=120)
+    for rank in per_rank:
+        for setup, layout in layouts.items():
+            predicted = state_bytes(psi, layout, Workload(precision="fp32")).as_dict()
+            for cat, value in predicted.items():
+                # off by Adam's 4-byte step counters and TP's replicated row-parallel bias only
+                assert math.isclose(rank[setup][cat], value, rel_tol=0.005), (
+                    setup,
+                    cat,
+                    rank[setup][cat],
+                    value,
+                )
