@@ -297,6 +297,15 @@ def test_nvml_memory_reads_the_fake_driver(monkeypatch: pytest.MonkeyPatch, call
     assert calls.count("nvmlShutdown") == 1
 
 
+def test_nvml_memory_is_numbered_like_cuda_under_cuda_visible_devices(monkeypatch, calls: Calls) -> None:
+    """With CUDA_VISIBLE_DEVICES=1, cuda:0 is the driver's GPU 1: its row must say index 0."""
+    fake_nvml(monkeypatch, calls, TWO_DEVICES)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert nvml_memory() == [
+        {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "used": 2 * GIB, "total": 80 * GIB}
+    ]
+
+
 # --------------------------------------------------------------------------------------
 # host details
 # --------------------------------------------------------------------------------------

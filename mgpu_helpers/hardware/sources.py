@@ -161,9 +161,16 @@ def nvml_memory() -> list[dict[str, Any]] | None:
     """Used and total memory of every GPU as the NVIDIA driver sees it (all processes), or None.
 
     Cheap enough to call once per training step (the memory panel does). Returns None when NVML is
-    unavailable (no NVIDIA driver); rows are in the driver's numbering, not ``CUDA_VISIBLE_DEVICES``'.
+    unavailable (no NVIDIA driver). Rows are numbered as CUDA numbers them in this process: under
+    ``CUDA_VISIBLE_DEVICES`` only the visible GPUs, renumbered from 0 and matched by UUID (the same rule
+    as :func:`~mgpu_helpers.hardware.describe_node`), so ``index`` can be compared with ``cuda:<index>``.
     """
+    from .visible import _filter_rows, _parse_visible_devices
+
     rows, _ = _query_nvml()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if rows and visible is not None:
+        rows, _ = _filter_rows(rows, visible, _parse_visible_devices(visible), "NVML")
     if not rows:
         return None
     return [
