@@ -267,6 +267,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=(
             "ddp",
             "exercises",
+            "hardware",
+            "labels",
         ),
     ),
     Notebook(

@@ -18,7 +18,8 @@
   shows each engine's output prefixed ``[stdout:<id>]`` in engine order; ``rc[:].pull`` / ``push`` /
   ``%pxresult`` move values between the notebook and the engines; Ctrl-C forwards SIGINT to the
   engines; ``Cluster.stop_cluster`` stops everything (SIGTERM, then SIGKILL). It knows nothing about
-  torch: joining the process group is the few lines of :func:`_join` below.
+  torch: joining the process group is one ``dist.init_process_group`` call on each engine
+  (:func:`_join`, or typed by the student in a ``%%px`` cell after ``start_ranks(n, join=False)``).
 * `nbdistributed <https://pypi.org/project/nbdistributed/>`_ (0.1.0, alpha, one author, written for
   his own GPU course; its README says it "is constantly changing" and takes no contributions): after
   ``%dist_init -n N`` it rewrites *every* cell to run on the workers (an input transformer), which blurs
@@ -32,7 +33,8 @@ ipyparallel is mature, documented, CPU-first and explicit (a cell runs on the ra
 * **loopback only** — the controller listens on 127.0.0.1 (``--ip``); the engines only connect to it;
   rank 0's ``TCPStore`` listens on 127.0.0.1 only and gloo/NCCL use the loopback interface
   (:mod:`~mgpu_helpers.launching.loopback`), on a fresh port (:func:`~mgpu_helpers.processes.free_port`);
-* **one process group** — rank = engine id, backend from :func:`~mgpu_helpers.hardware.choose_backend`
+* **one process group** — rank = engine id (``join=False``: the engines are only prepared and a
+  ``%%px`` cell joins them), backend from :func:`~mgpu_helpers.hardware.choose_backend`
   (NCCL with ``cuda:<rank>`` when every engine has its own GPU, else gloo), a collective timeout so a
   rank waiting for a peer that never comes raises instead of blocking for 30 minutes;
 * **bounded start** — engines are polled for with a deadline; an engine that dies or a group that does
@@ -79,31 +81,41 @@ def _require_ipyparallel() -> Any:
     return ipyparallel
 
 
-def _join(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> dict[str, Any]:
-    """Runs inside each engine: join the default process group as ``rank`` through 127.0.0.1:``port``."""
+def _prepare(rank: int, backend: str) -> dict[str, Any]:
+    """Runs inside each engine before it joins a group: loopback sockets and stores, threads, device."""
     import os
-    from datetime import timedelta
 
     import torch
-    import torch.distributed as dist
 
-    from .launching.loopback import loopback_env, loopback_tcp_store
+    from .launching.loopback import bind_stores_to_loopback, loopback_env
 
     os.environ.update(loopback_env())  # gloo / NCCL sockets on the loopback interface
+    bind_stores_to_loopback()  # rank 0's TCPStore (init_method="tcp://127.0.0.1:PORT") on 127.0.0.1 only
     torch.set_num_threads(1)  # N engines share the machine's cores
-    timeout = timedelta(seconds=timeout_s)
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-    if rank == 0:
-        store = loopback_tcp_store(port, world_size, timeout=timeout)
-    else:
-        store = dist.TCPStore(LOOPBACK, port, world_size, False, timeout=timeout)
-    kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+        torch.cuda.set_device(device)  # NCCL then uses cuda:<rank> for this rank
+    return {"rank": rank, "pid": os.getpid(), "device": str(device)}
+
+
+def _join(rank: int, world_size: int, port: int, backend: str, timeout_s: float) -> dict[str, Any]:
+    """Runs inside each engine: join the default process group as ``rank`` through 127.0.0.1:``port``
+    (what notebook 01b's student types in a ``%%px`` cell after ``start_ranks(n, join=False)``)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    info = _prepare(rank, backend)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{LOOPBACK}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
     dist.barrier()  # every rank is connected to every other before the first cell runs
-    return {"rank": dist.get_rank(), "pid": os.getpid(), "device": str(device)}
+    return info
 
 
 def _leave() -> bool:
@@ -114,6 +126,14 @@ def _leave() -> bool:
         dist.destroy_process_group()
         return True
     return False
+
+
+def _is_ipyparallel(proc: Any) -> bool:
+    """True for a process whose command line runs ipyparallel (controller, engine, nanny)."""
+    try:
+        return "ipyparallel" in " ".join(proc.cmdline())
+    except Exception:  # gone, or not ours to read
+        return False
 
 
 def _check_seconds(name: str, value: float) -> float:
@@ -133,7 +153,8 @@ class LiveRanks:
         backend: ``"gloo"`` or ``"nccl"``.
         client: the ``ipyparallel.Client`` (``client[:]`` is a view on all ranks, ``client[1]`` on rank 1).
         view: a blocking ``DirectView`` on all ranks, in rank order (what ``%%px`` uses).
-        pids: the processes started (controller, engines and their helpers), recorded at start.
+        pids: the ipyparallel processes started (controller, its forked copy, engines, their nannies).
+        port: the 127.0.0.1 port of rank 0's store, for ``init_method=f"tcp://127.0.0.1:{port}"``.
         temp_dir: the folder holding ipyparallel's profile, connection files and logs.
     """
 
@@ -145,6 +166,7 @@ class LiveRanks:
         start_timeout_s: float = 120.0,
         collective_timeout_s: float = 30.0,
         magics: bool = True,
+        join: bool = True,
     ) -> None:
         """Configure (nothing starts until :meth:`start`).
 
@@ -155,6 +177,10 @@ class LiveRanks:
             collective_timeout_s: a collective waiting longer than this for a peer raises on that rank
                 (and the group is then unusable: stop and start again).
             magics: register ``%%px``, ``%px``, ``%pxresult``, ``%pxconfig`` in this IPython session.
+            join: form the process group at start (rank = engine id). With False the engines are only
+                prepared (loopback sockets and stores, one thread, ``cuda:<id>`` under NCCL) and each one
+                joins when a cell calls ``dist.init_process_group(backend,
+                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)`` with :attr:`port`.
         """
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ValueError(f"nprocs must be a whole number of ranks >= 1, such as 2, not {nprocs!r}")
@@ -167,6 +193,8 @@ class LiveRanks:
         self.start_timeout_s = _check_seconds("start_timeout_s", start_timeout_s)
         self.collective_timeout_s = _check_seconds("collective_timeout_s", collective_timeout_s)
         self.magics = magics
+        self.join = join
+        self.port: int | None = None
         self.client: Any = None
         self.view: Any = None
         self.pids: list[int] = []
@@ -212,8 +240,16 @@ class LiveRanks:
             self._cluster.start_engines_sync(self.nprocs)
             self.client = self._cluster.connect_client_sync()
             self._wait_for_engines(deadline)
-            self.pids = sorted({p.pid for p in descendants()} - before)
-            self._form_group(deadline)
+            self.pids = sorted(  # only ipyparallel's: stop() must not kill anything else started meanwhile
+                p.pid for p in descendants() if p.pid not in before and _is_ipyparallel(p)
+            )
+            self.port = free_port()
+            if self.join:
+                self._form_group(deadline)
+            else:
+                self.ranks = [
+                    self.client[i].apply_sync(_prepare, i, self.backend) for i in range(self.nprocs)
+                ]
             self.view = self.client[sorted(self.client.ids)]
             self.view.block = True
             if self.magics:
@@ -253,7 +289,7 @@ class LiveRanks:
         ids = sorted(self.client.ids)
         if ids != list(range(self.nprocs)):
             raise RuntimeError(f"expected engine ids 0..{self.nprocs - 1}, got {ids}; stop and start again")
-        port = free_port()
+        port = self.port
         timeout = min(self.collective_timeout_s, max(deadline - time.monotonic(), 1.0))
         pending = [
             self.client[i].apply_async(_join, i, self.nprocs, port, self.backend, timeout) for i in ids
@@ -339,6 +375,7 @@ def start_ranks(
     backend: str | None = None,
     start_timeout_s: float = 120.0,
     collective_timeout_s: float = 30.0,
+    join: bool = True,
 ) -> LiveRanks:
     """Start ``nprocs`` ranks of one live process group (see :class:`LiveRanks`) and return them.
 
@@ -346,5 +383,9 @@ def start_ranks(
     ``ranks.stop()`` at the end (or ``with start_ranks(2) as ranks: ...``).
     """
     return LiveRanks(
-        nprocs, backend=backend, start_timeout_s=start_timeout_s, collective_timeout_s=collective_timeout_s
+        nprocs,
+        backend=backend,
+        start_timeout_s=start_timeout_s,
+        collective_timeout_s=collective_timeout_s,
+        join=join,
     ).start()

@@ -4,34 +4,46 @@
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
 
 
 def evaluate(model, dataset):
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    mine = Subset(dataset, range(rank, len(dataset), world_size))  # every sample exactly once, no padding
-    correct = torch.zeros(2, dtype=torch.float64)  # [correct, count]
+    sampler = DistributedSampler(dataset, shuffle=False)  # pads to sampler.total_size indices
+    x, y = dataset[list(sampler)]  # this rank's share, repeats included
     model.eval()
+    # this rank's i-th sample is at position rank + i * world_size of the padded list; past len: a repeat
+    real = torch.arange(len(y)) * world_size + rank < len(dataset)
     with torch.no_grad():
-        for x, y in DataLoader(mine, batch_size=8):
-            correct[0] += (model(x).argmax(dim=1) == y).sum()
-            correct[1] += len(y)
-    dist.all_reduce(correct)  # sums over the ranks, not averages of their accuracies
-    return (correct[0] / correct[1]).item()
+        logits = model(x)
+    sums = torch.stack(
+        [
+            F.cross_entropy(logits[real], y[real], reduction="sum").double(),
+            (logits.argmax(dim=1) == y)[real].sum().double(),
+            real.sum().double(),
+        ]
+    )
+    dist.all_reduce(sums)  # [loss sum, correct, samples] over all ranks
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
-def evaluate_averaging_accuracies(model, dataset):
-    """Each rank's accuracy on its padded DistributedSampler share, averaged over the ranks."""
+def evaluate_counting_repeats(model, dataset):
+    """Sums and counts all-reduced, but over the padded shares: the repeats count twice."""
     sampler = DistributedSampler(dataset, shuffle=False)
-    correct = total = 0
+    x, y = dataset[list(sampler)]
     model.eval()
     with torch.no_grad():
-        for x, y in DataLoader(dataset, batch_size=8, sampler=sampler):
-            correct += (model(x).argmax(dim=1) == y).sum().item()
-            total += len(y)
-    accuracy = torch.tensor([correct / total], dtype=torch.float64)
-    dist.all_reduce(accuracy)
-    return (accuracy / dist.get_world_size()).item()
+        logits = model(x)
+    sums = torch.stack(
+        [
+            F.cross_entropy(logits, y, reduction="sum").double(),
+            (logits.argmax(dim=1) == y).sum().double(),
+            torch.tensor(float(len(y)), dtype=torch.float64),
+        ]
+    )
+    dist.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
 def sync_batch_norm(x, bn):
@@ -64,4 +76,4 @@ def sync_batch_norm_invisible_to_autograd(x, bn):
 
 
 SOLUTIONS = {"04c.1": (evaluate,), "04c.2": (sync_batch_norm,)}
-WRONG = {"04c.1": (evaluate_averaging_accuracies,), "04c.2": (sync_batch_norm_invisible_to_autograd,)}
+WRONG = {"04c.1": (evaluate_counting_repeats,), "04c.2": (sync_batch_norm_invisible_to_autograd,)}

@@ -13,19 +13,20 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 def shard(model, mesh, half):
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
     last = len(model.blocks) - 1
+    fully_shard(model.embed, mesh=mesh, mp_policy=policy)  # its backward comes last: free it meanwhile
     for i, block in enumerate(model.blocks):  # one FSDP unit per block: each is all-gathered on its own
         # backward starts with the last block: freeing it after its forward would only re-gather it
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy)  # the root last: embed and head
+    fully_shard(model.head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward's first
+    fully_shard(model, mesh=mesh, mp_policy=policy)  # the root last: it holds nothing of its own here
     return model
 
 
-def shard_every_block_alike(model, mesh, half):
-    """Every block resharded after its forward, the last one too: it is all-gathered again at once."""
+def shard_every_unit_alike(model, mesh, half):
+    """Every unit resharded after its forward, the head and the last block too: re-gathered at once."""
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for unit in [model.embed, *model.blocks, model.head, model]:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -53,4 +54,4 @@ def import_shards(model, path):
 
 
 SOLUTIONS = {"05c.1": (shard,), "05c.2": (export, import_weights)}
-WRONG = {"05c.1": (shard_every_block_alike,), "05c.2": (export_shards, import_shards)}
+WRONG = {"05c.1": (shard_every_unit_alike,), "05c.2": (export_shards, import_shards)}

@@ -1,4 +1,5 @@
-"""mgpu_helpers.interactive: a live 2-rank group on ipyparallel engines runs a real all_reduce, listens on
+"""mgpu_helpers.interactive: a live 2-rank group on ipyparallel engines (joined at start, or by
+an init_process_group typed in a cell) runs a real all_reduce, listens on
 127.0.0.1 only, and leaves no process and no temp folder behind — after a clean stop, after an error in
 a cell, and after Ctrl-C during start; stop() twice is harmless; errors name the fix."""
 
@@ -46,6 +47,27 @@ def test_all_reduce_on_live_ranks_then_nothing_left_also_after_an_error_in_a_cel
     assert {p.pid for p in descendants()} - before == set()
     ranks.stop()  # a second stop is harmless
     ranks.stop()
+
+
+def test_engines_join_in_a_cell_with_init_process_group_when_started_without_a_group():
+    before = {p.pid for p in descendants()}
+    with start_ranks(2, backend="gloo", join=False) as ranks:
+        assert all("ipyparallel" in " ".join(psutil.Process(p).cmdline()) for p in ranks.pids)
+        for i in range(2):
+            ranks.client[i].push({"rank": i})
+        ranks.view.push({"PORT": ranks.port, "N": 2})
+        ranks.view.execute(
+            "import torch, torch.distributed as dist\n"
+            "assert not dist.is_initialized()\n"
+            "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{PORT}', rank=rank,"
+            " world_size=N)\n"
+            "t = torch.tensor([rank + 1.0])\n"
+            "dist.all_reduce(t)"
+        )
+        assert [t.item() for t in ranks.view.pull("t")] == [3.0, 3.0]
+        assert all(is_loopback(ip) for ip, _, _ in listening_addresses()), listening_addresses()
+        pids = list(ranks.pids)
+    assert _alive(pids) == [] and {p.pid for p in descendants()} - before == set()
 
 
 def test_ctrl_c_during_start_stops_what_was_started(monkeypatch):

@@ -3,7 +3,8 @@ with one all-reduce (01b.1), and a ring shift of a tensor with point-to-point me
 run on 3 real gloo processes started with :func:`mgpu_helpers.launching.launch`.
 
 Each rank counts the collectives the student's code calls (the module functions of
-``torch.distributed`` are wrapped for the duration of the call). 01b.2 runs with a 3-second collective
+``torch.distributed`` and ``torch.distributed.distributed_c10d`` are wrapped for the duration of the
+call). 01b.2 runs with a 3-second collective
 timeout, so a send/recv order in which every rank waits fails in seconds with a clear message.
 """
 
@@ -38,24 +39,35 @@ _COLLECTIVES = (
 
 
 def _counting(calls: list[str]) -> Callable[[], None]:
-    """Wrap torch.distributed's collectives so that each call is appended to ``calls``; returns undo."""
+    """Wrap the collectives, under their names in ``torch.distributed`` and in
+    ``torch.distributed.distributed_c10d`` (where they are defined), so that each call the student makes
+    is appended to ``calls`` (collectives called inside one are not counted again); returns undo."""
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
-    real = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    modules = (dist, c10d)
+    real = {(m, name): getattr(m, name) for m in modules for name in _COLLECTIVES if hasattr(m, name)}
+    depth = [0]
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            calls.append(name)
-            return fn(*args, **kwargs)
+            if depth[0] == 0:
+                calls.append(name)
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         return call
 
-    for name, fn in real.items():
-        setattr(dist, name, wrap(name, fn))
+    wrapped = {name: wrap(name, fn) for (m, name), fn in real.items() if m is c10d}
+    for m, name in real:
+        setattr(m, name, wrapped.get(name) or wrap(name, real[m, name]))
 
     def undo() -> None:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
+        for (m, name), fn in real.items():
+            setattr(m, name, fn)
 
     return undo
 
@@ -128,6 +140,11 @@ def _mean_rank(rank: int, world_size: int, global_mean: Callable[[torch.Tensor],
     return out
 
 
+def _close(value: float, expected: float) -> bool:
+    """Within a relative error of 1e-6: float32 sums pass, a wrong formula does not."""
+    return abs(value - expected) <= 1e-6 * max(abs(expected), 1.0)
+
+
 def _expected_mean(sizes: tuple[int, ...]) -> float:
     return torch.cat([_data(sizes, r) for r in range(_NPROCS)]).mean().item()
 
@@ -135,8 +152,8 @@ def _expected_mean(sizes: tuple[int, ...]) -> float:
 @exercise(
     "01b.1",
     "the global mean over ranks",
-    hint="A mean is a sum divided by a count, and both can travel together: put this rank's sum and its "
-    "number of elements into one tensor, all-reduce it once, then divide.",
+    hint="Is the mean of the ranks' means right when the ranks hold different numbers of elements? "
+    "What else would every rank need to know, and can it travel in the same all-reduce?",
 )
 def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
     """3 gloo ranks, 5/1/3 then 2/2/2 elements; every rank's answer against the mean of all elements."""
@@ -144,7 +161,7 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
         raise Wrong(f"pass the function global_mean itself, not {type(global_mean).__name__}")
     ranks = _run(_mean_rank, global_mean, collective_timeout_s=10.0)
     right = [
-        all(r[i]["value"] is not None and abs(r[i]["value"] - _expected_mean(sizes)) <= 1e-9 for r in ranks)
+        all(r[i]["value"] is not None and _close(r[i]["value"], _expected_mean(sizes)) for r in ranks)
         for i, sizes in enumerate(_SIZES)
     ]
     for i, sizes in enumerate(_SIZES):
@@ -165,11 +182,18 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
                 raise Wrong(
                     f"rank {rank}'s x changed during your call; the caller's tensor must stay as it was."
                 )
-            if abs(r["value"] - expected) > 1e-9:
+            if not _close(r["value"], expected):
                 also = " (with 2 elements on every rank your answer was right)" if i == 0 and right[1] else ""
+                diff = abs(r["value"] - expected)
+                small = (
+                    " A difference this small looks like rounding: are your sum and count float64, like x?"
+                    if diff < 1e-2 * abs(expected)
+                    else ""
+                )
                 raise Wrong(
                     f"with {', '.join(map(str, sizes))} elements on the 3 ranks, rank {rank} returned "
-                    f"{r['value']:.4f}, but the mean of all {sum(sizes)} elements is {expected:.4f}{also}."
+                    f"{r['value']:.10g}, but the mean of all {sum(sizes)} elements is {expected:.10g}{also} "
+                    f"(off by {diff:.3g}).{small}"
                 )
     return (
         "on 3 real gloo processes every rank returned the mean of all elements, with 5/1/3 and with 2/2/2 "
@@ -201,9 +225,8 @@ def _shift_rank(rank: int, world_size: int, ring_shift: Callable[[torch.Tensor],
 @exercise(
     "01b.2",
     "a ring shift with send/recv",
-    hint="Every send waits for the matching recv. Either let the ranks take turns (which ranks send first, "
-    "which receive first?), or start the send without waiting for it (dist.isend returns a request to "
-    ".wait() on), receive, then wait for the send.",
+    hint="Which call in your code never returns, and why? What would the partner rank have to be doing "
+    "at that moment for it to return?",
 )
 def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
     """3 gloo ranks, a float64 (1000,) and an int64 (2, 3) tensor; each rank must get its left neighbour's."""

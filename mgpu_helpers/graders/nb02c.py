@@ -5,9 +5,10 @@ the unsplit model.
 02c.1 gives rank ``r`` rows ``r·V/2 … (r+1)·V/2 - 1`` of an embedding table, calls the student's
 ``vocab_parallel_embedding(ids, weight_shard)`` with ids from both halves, back-propagates a fixed
 gradient, and compares each rank's output and ``weight_shard.grad`` with ``nn.Embedding`` on the whole
-table. A dispatch mode notes every collective and its bytes: nothing may gather or broadcast rows, and
-the all-reduced bytes must be those of the output, not of the table; a collective that autograd goes
-through without knowing it (a plain ``dist.all_reduce``, which PyTorch warns about) is refused.
+table (larger than the output). A dispatch mode notes every collective and its bytes: nothing may gather
+or broadcast rows, and the forward must run exactly one all-reduce, of the output's bytes, not the
+table's; a collective that autograd goes through without knowing it (a plain ``dist.all_reduce``, which
+PyTorch warns about) is refused.
 
 02c.2 builds a small language-model-shaped network (embedding, 3 residual MLP blocks, head), calls the
 student's ``shard_model(model, mesh)`` on a 1-D CPU mesh, and checks that every weight is a sharded
@@ -57,7 +58,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --- 02c.1: a vocabulary-parallel embedding ---------------------------------------------------------
 
-_V, _H = 16, 8
+_V, _H = 64, 8  # the table (2,048 B) is larger than the output (672 B)
 
 
 def _embedding_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,11 +119,12 @@ def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
                 f"rank {rank}'s forward ran {copied[0][0]} ({copied[0][1]:,} B): it copies what another rank "
                 "holds, and each rank may use only its own rows."
             )
-        too_big = [size for _, size in res["fwd"] if size > want.numel() * want.element_size()]
-        if too_big:
+        out_bytes = want.numel() * want.element_size()
+        if [size for _, size in res["fwd"]] != [out_bytes]:
+            ran = ", ".join(f"{op} of {size:,} B" for op, size in res["fwd"]) or "no collective"
             raise Wrong(
-                f"rank {rank} all-reduced {too_big[0]:,} B, more than the {want.numel() * 4:,} B of the "
-                "output itself: the table's rows are not the ranks' to exchange."
+                f"rank {rank}'s forward ran {ran}; a row-parallel lookup needs one all-reduce of the "
+                f"output's {out_bytes:,} B, and the table's rows are not the ranks' to exchange."
             )
         bad = ~torch.isclose(res["out"], want.detach(), rtol=1e-4, atol=1e-5).all(-1)
         if bad.any():
@@ -154,7 +156,7 @@ def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
             )
     return (
         f"on {_NPROCS} gloo ranks the embeddings and every shard's gradient equal nn.Embedding's; "
-        "the forward all-reduced no more than the output's bytes and copied no rows between ranks."
+        "the forward ran one all-reduce of the output's bytes and copied no rows between ranks."
     )
 
 
@@ -244,8 +246,8 @@ def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, 
     "02c.2",
     "a tensor-parallel plan",
     hint="give each layer a style by its role: which layers make a slice of the features and which take "
-    "one in, and which layouts the embedding's input and the head's output must have for the model to "
-    "behave like the unsplit one (PyTorch's TP tutorial plans a Transformer with the same four parts).",
+    "one in; then ask what layout the ids have on entry (what each rank holds of them) and what layout "
+    "the logits must have on exit, and compare with each style's defaults.",
 )
 def grade_shard_model(fn: Callable[..., Any]) -> str:
     if not callable(fn):
@@ -263,6 +265,12 @@ def grade_shard_model(fn: Callable[..., Any]) -> str:
                 "(still whole on every rank)."
             )
         got = res["logits"]
+        if got.dim() == 3 and got.shape[1] == want.shape[1] * _NPROCS:
+            raise Wrong(
+                f"rank {rank}'s logits have shape {tuple(got.shape)}: the embedding treated the ids as "
+                "sharded (RowwiseParallel's default input_layouts is Shard(-1)); they arrive whole on every "
+                "rank."
+            )
         if tuple(got.shape) != tuple(want.shape):
             raise Wrong(
                 f"rank {rank}'s logits have shape {tuple(got.shape)}; the unsplit model returns "

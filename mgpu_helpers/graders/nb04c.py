@@ -1,10 +1,11 @@
-"""Used by notebook 04c's exercises: exact distributed evaluation on an uneven validation set (04c.1)
+"""Used by notebook 04c's exercises: exact distributed evaluation with a padded sampler (04c.1)
 and a SyncBatchNorm written by hand with an all-reduce (04c.2), each run on 2 and 3 real gloo
 processes started with :func:`mgpu_helpers.launching.launch`.
 
-04c.1 hands the student's ``evaluate(model, dataset)`` a fixed linear classifier and a 23-sample
-dataset (23 is odd and not a multiple of 3, so ``DistributedSampler`` pads it), counts the rows each
-rank's model sees, and compares every rank's answer with one process's accuracy on the whole dataset.
+04c.1 hands the student's ``evaluate(model, dataset)`` a fixed linear classifier (a module that counts
+the rows its ``forward`` sees) and a 25-sample dataset, which ``DistributedSampler`` pads with 1 repeat
+on 2 ranks and 2 on 3 ranks, and compares every rank's ``(loss, accuracy)`` with one process's mean
+cross-entropy and accuracy on the whole dataset.
 
 04c.2 gives each rank an uneven share of a float64 batch (3 + 5 rows, then 2 + 4 + 6) and a
 ``BatchNorm1d`` with non-trivial weight and bias, calls the student's ``sync_batch_norm(x, bn)``,
@@ -20,76 +21,109 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
-# --- 04c.1: exact distributed accuracy -------------------------------------------------------------------
+# --- 04c.1: exact evaluation with a padded sampler -------------------------------------------------------
 
-_N_EVAL = 23
+_N_EVAL = 25  # DistributedSampler pads it to 26 on 2 ranks (1 repeat) and to 27 on 3 ranks (2 repeats)
 _WRONGLY_LABELLED = (3, 5, 6, 9, 14, 17, 20, 22)  # samples 0 and 1 (the ones padding repeats) are right
 
 
-def _eval_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Linear(4, 3)
+class _CountingModel(nn.Module):
+    """The model handed to the student: counts the rows it sees inside ``forward`` (so ``model(x)`` and
+    ``model.forward(x)`` both count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 3).double()
+        self.rows = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows += len(x)
+        return self.linear(x)
 
 
 def _eval_dataset() -> TensorDataset:
-    x = torch.randn(_N_EVAL, 4, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(_N_EVAL, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        y = _eval_model()(x).argmax(dim=1)
+        y = _CountingModel()(x).argmax(dim=1)
     for i in _WRONGLY_LABELLED:
         y[i] = (y[i] + 1) % 3
     return TensorDataset(x, y)
 
 
+def _eval_truth() -> tuple[float, float]:
+    x, y = _eval_dataset().tensors
+    with torch.no_grad():
+        logits = _CountingModel()(x)
+    return F.cross_entropy(logits, y).item(), (logits.argmax(dim=1) == y).double().mean().item()
+
+
 def _eval_rank(rank: int, world_size: int, evaluate: Callable[..., Any]) -> dict[str, Any]:
-    model = _eval_model()
-    rows: list[int] = []
-    model.register_forward_pre_hook(lambda _m, inputs: rows.append(len(inputs[0])))
+    model = _CountingModel()
     answer = evaluate(model, _eval_dataset())
-    return {"answer": answer, "rows": sum(rows)}
+    return {"answer": answer, "rows": model.rows}
+
+
+def _pair(answer: Any) -> tuple[float, float] | None:
+    """``(loss, accuracy)`` as two floats, or None."""
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        return None
+    out = []
+    for v in answer:
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        out.append(float(v))
+    return out[0], out[1]
 
 
 @exercise(
     "04c.1",
-    "exact distributed accuracy",
-    hint="Which samples does each rank evaluate: does any sample count twice? And is the mean of the ranks' "
-    "accuracies the accuracy over all samples when the ranks hold different numbers of them? What can "
-    "you add up over the ranks instead?",
+    "exact evaluation with a padded sampler",
+    hint="Where in the sampler's padded list of total_size indices does your rank's i-th sample sit, and "
+    "which positions there are repeats? And when the ranks hold different numbers of real samples, is "
+    "the mean of their means the mean over all samples?",
 )
 def grade_evaluate(evaluate: Callable[..., Any]) -> str:
-    """2 and 3 gloo ranks on 23 samples: every rank's answer equals one process's accuracy."""
+    """2 and 3 gloo ranks on 25 samples: every rank's (loss, accuracy) equals one process's."""
     if not callable(evaluate):
         raise Wrong(f"pass the function evaluate itself, not {type(evaluate).__name__}")
-    truth = 1 - len(_WRONGLY_LABELLED) / _N_EVAL
+    truth = _eval_truth()
     for world_size in (2, 3):
         ranks = run_ranks(_eval_rank, world_size, evaluate)
         share = math.ceil(_N_EVAL / world_size)
+        repeats = share * world_size - _N_EVAL
         for rank, out in enumerate(ranks):
             if out["rows"] > share:
                 raise Wrong(
-                    f"with {world_size} ranks, rank {rank} ran the model on {out['rows']} samples of "
-                    f"{_N_EVAL}; each rank should evaluate only its own share (at most {share})."
+                    f"with {world_size} ranks, rank {rank} ran the model on {out['rows']} samples; its "
+                    f"share of the padded sampler is {share}: run the model once, on that share only."
                 )
-            answer = out["answer"]
-            if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-                answer = answer.item()
-            if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-                raise Wrong(f"rank {rank} returned {answer!r:.60}; return the accuracy as a number.")
-            if not abs(answer - truth) < 1e-9:
+            answer = _pair(out["answer"])
+            if answer is None:
                 raise Wrong(
-                    f"with {world_size} ranks on {_N_EVAL} samples, rank {rank} reported accuracy "
-                    f"{answer:.6f}, but one process on the whole dataset measures {truth:.6f}."
+                    f"rank {rank} returned {out['answer']!r:.60}; return (loss, accuracy), two numbers."
                 )
+            for name, got, want in zip(("mean cross-entropy", "accuracy"), answer, truth, strict=True):
+                if not abs(got - want) <= 1e-6 * max(abs(want), 1.0):
+                    raise Wrong(
+                        f"with {world_size} ranks on {_N_EVAL} samples ({repeats} of them repeated by the "
+                        f"sampler's padding), rank {rank} reported {name} {got:.6f}, but one process on the "
+                        f"whole dataset measures {want:.6f}."
+                    )
         if sum(out["rows"] for out in ranks) < _N_EVAL:
             raise Wrong(f"with {world_size} ranks, some of the {_N_EVAL} samples were never evaluated.")
     return (
-        f"on 2 and 3 real gloo processes, each rank evaluated only its share of {_N_EVAL} samples and every "
-        "rank reported exactly the single-process accuracy."
+        f"on 2 and 3 real gloo processes, each rank evaluated at most its padded share of {_N_EVAL} samples "
+        "and every rank reported exactly the single-process mean cross-entropy and accuracy."
     )
 
 

@@ -3,15 +3,17 @@
 sizes (05c.2).
 
 05c.1 calls the student's ``shard(model, mesh, half)`` on 2 real gloo processes and checks what FSDP2
-then does: the root and every block are FSDP units, every parameter is a ``DTensor`` sharded on dim 0,
-each linear layer computes in ``half`` (a forward pre-hook reads the weight's and the input's dtype), the
-backward all-gathers every block but the last again (the last block and the root stay gathered), the
-gradients are reduce-scattered in fp32 (a ``TorchDispatchMode`` sees the ``c10d`` collectives, as in the
-notebook), and the full gradients equal a single-process fp32 run on the whole batch within bf16's
-rounding (5 %).
+then does: the root, ``embed``, every block and ``head`` are FSDP units, every parameter is a ``DTensor``
+sharded on dim 0, each linear layer computes in ``half`` (a forward pre-hook reads the weight's and the
+input's dtype), after the forward exactly the units whose backward comes first (``head`` and the last
+block) still hold full weights (the others are ``DTensor`` shards again), so the backward all-gathers
+``embed`` and every block but the last again, the gradients are reduce-scattered in fp32 (a
+``TorchDispatchMode`` sees the ``c10d`` collectives, as in the notebook), and the full gradients equal a
+single-process fp32 run on the whole batch within bf16's rounding (5 %).
 
-05c.2 trains 2 steps at world size 2 and calls the student's ``export(model, path)``: the file must be an
-ordinary ``torch.save`` state dict that a plain, unsharded copy of the model loads (``weights_only=True``)
+05c.2 trains 2 steps at world size 2 and calls the student's ``export(model, path)``, counting the
+``torch.save`` calls of each rank (one file, written once by one process); the file must be an ordinary
+``torch.save`` state dict that a plain, unsharded copy of the model loads (``weights_only=True``)
 with exactly the trained weights. Then, at world sizes 1 and 3, it builds a fresh sharded model and calls
 ``import_weights(model, path)``: the parameters must still be sharded ``DTensor``s and, gathered with
 ``get_model_state_dict``, equal the trained weights exactly.
@@ -108,9 +110,14 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
     model = model if returned is None else returned
     if not isinstance(model, nn.Module):
         return {"error": f"shard returned {type(model).__name__}, not the model"}
+    units = {
+        "embed": model.embed,
+        **{f"blocks.{i}": b for i, b in enumerate(model.blocks)},
+        "head": model.head,
+    }
     report: dict[str, Any] = {
         "root": isinstance(model, FSDPModule),
-        "not_units": [str(i) for i, block in enumerate(model.blocks) if not isinstance(block, FSDPModule)],
+        "not_units": [name for name, unit in units.items() if not isinstance(unit, FSDPModule)],
         "not_sharded": [
             n
             for n, p in model.named_parameters()
@@ -131,10 +138,13 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
     forward, backward = _collectives_spy(), _collectives_spy()
     with forward:
         loss = F.cross_entropy(model(x).float(), y)
+    # the units that still hold full (plain) parameters after the forward
+    kept = [name for name, unit in units.items() if not isinstance(next(unit.parameters()), DTensor)]
     with backward:
         loss.backward()
     report.update(
         dtypes=dtypes,
+        kept=kept,
         gathers=[n for name, _, n in forward.seen if "allgather" in name],
         regathers=sum("allgather" in name for name, _, _ in backward.seen),
         reduce_dtypes=sorted({str(d) for name, d, _ in backward.seen if "reduce_scatter" in name}),
@@ -147,9 +157,10 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
 @exercise(
     "05c.1",
     "shard per block with a mixed-precision policy",
-    hint="fully_shard each block first (its own all-gather), the root last; every call takes the mesh and "
-    "a MixedPrecisionPolicy (which dtype computes, which reduces the gradients); reshard_after_forward "
-    "decides whether a unit is gathered again in backward.",
+    hint="fully_shard embed, each block and head first (each its own all-gather), the root last; every "
+    "call takes the mesh and a MixedPrecisionPolicy (which dtype computes, which reduces the gradients); "
+    "per unit, reshard_after_forward decides whether it is gathered again in backward: ask, for each "
+    "unit, how soon after the forward its backward runs.",
 )
 def grade_shard(shard: Callable[..., Any]) -> str:
     """Run ``shard(model, mesh, torch.bfloat16)`` on 2 gloo ranks and check what FSDP2 then does."""
@@ -163,8 +174,8 @@ def grade_shard(shard: Callable[..., Any]) -> str:
         raise Wrong("the model itself is not an FSDP module: the root was never sharded.")
     if report["not_units"]:
         raise Wrong(
-            f"blocks {', '.join(report['not_units'])} are not FSDP units of their own, so their weights are "
-            "all-gathered together with the root's, all at once."
+            f"{', '.join(report['not_units'])} {'is' if len(report['not_units']) == 1 else 'are'} not FSDP "
+            "units of their own, so their weights are all-gathered together with the root's, all at once."
         )
     if report["not_sharded"]:
         raise Wrong(f"{report['not_sharded'][0]} is not a DTensor sharded on dim 0 (Shard(0)).")
@@ -176,11 +187,21 @@ def grade_shard(shard: Callable[..., Any]) -> str:
     if report["reduce_dtypes"] != ["torch.float32"]:
         raise Wrong(f"the gradients were reduce-scattered in {', '.join(report['reduce_dtypes'])}, not fp32.")
     blocks = len(_model().blocks)
-    if report["regathers"] != blocks - 1:
+    first = ["head", f"blocks.{blocks - 1}"]  # the units the backward runs first
+    kept = report["kept"]
+    if sorted(kept) != sorted(first):
+        late = [name for name in kept if name not in first]
+        freed = [name for name in first if name not in kept]
+        problems = [f"{', '.join(late)} stay gathered until their backward, which comes late"] if late else []
+        problems += [f"{', '.join(freed)} are freed though backward starts with them"] if freed else []
         raise Wrong(
-            f"the backward pass ran {report['regathers']} all-gathers; with {blocks} blocks it needs "
-            f"{blocks - 1}: the last block and the root, whose weights backward uses first, should stay "
-            "gathered after the forward."
+            f"after the forward, the units holding full weights are {kept or 'none'}: "
+            f"{'; '.join(problems)} (the backward ran {report['regathers']} all-gathers)."
+        )
+    if report["regathers"] != blocks:
+        raise Wrong(
+            f"the backward pass ran {report['regathers']} all-gathers; with embed and {blocks} blocks it "
+            f"needs {blocks}: embed and every block but the last."
         )
     reference = _model()
     x, y = _batch(0)
@@ -198,10 +219,10 @@ def grade_shard(shard: Callable[..., Any]) -> str:
             )
         worst = max(worst, error)
     return (
-        f"on 2 ranks: the root and {blocks} blocks are FSDP units ({len(report['gathers'])} all-gathers in "
-        f"forward, {report['regathers']} in backward), every parameter is an fp32 Shard(0) DTensor, every "
-        f"layer computes in bf16, gradients are reduced in fp32 and are within {worst:.1%} of fp32 "
-        "single-process gradients"
+        f"on 2 ranks: embed, {blocks} blocks and head are FSDP units ({len(report['gathers'])} all-gathers "
+        f"in forward, {report['regathers']} in backward; head and blocks.{blocks - 1} stay gathered), "
+        "every parameter is an fp32 Shard(0) DTensor, every layer computes in bf16, gradients are reduced "
+        f"in fp32 and are within {worst:.1%} of fp32 single-process gradients"
     )
 
 
@@ -241,10 +262,20 @@ def _export_rank(rank: int, world_size: int, export: Callable[..., Any], path: s
 
     model, opt = _build(world_size)
     _train(model, opt, range(2), rank, world_size)
-    export(model, path)
+    saves, real_save = [], torch.save
+
+    def counting_save(*args: Any, **kwargs: Any) -> None:
+        saves.append(1)
+        real_save(*args, **kwargs)
+
+    torch.save = counting_save  # this forked rank's own torch: count the files it writes
+    try:
+        export(model, path)
+    finally:
+        torch.save = real_save
     dist.barrier()
     trained = _full_weights(model)
-    return trained if rank == 0 else None
+    return (trained if rank == 0 else None), len(saves)
 
 
 def _import_rank(rank: int, world_size: int, import_weights: Callable[..., Any], path: str) -> Any:
@@ -283,7 +314,13 @@ def grade_export(export: Callable[..., Any], import_weights: Callable[..., Any])
             raise Wrong(f"pass your functions export and import_weights; {name} is a {type(fn).__name__}.")
     with tempfile.TemporaryDirectory(prefix="mgpu-05c-grader-") as folder:
         path = os.path.join(folder, "model.pt")
-        trained = run_ranks(_export_rank, 2, export, path)[0]
+        exported = run_ranks(_export_rank, 2, export, path)
+        trained, saves = exported[0][0], [n for _, n in exported]
+        if sum(saves) > 1:
+            raise Wrong(
+                f"torch.save ran {sum(saves)} times (per rank: {saves}): the one file should be "
+                "written once, by one process, not by every rank at once (a reader may see it half written)."
+            )
         if not os.path.isfile(path):
             raise Wrong("after export on 2 ranks there is no file at path.")
         mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickling a DTensor warns there

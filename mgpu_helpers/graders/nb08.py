@@ -1,6 +1,7 @@
 """Used by notebook 08's exercises: the capstone's DDP training with a learning-rate schedule, run end to
 end on 2 gloo processes with a crash and a resume (08.1), and a Ray Tune trainable that reports every
-epoch, run by a real ``tune.Tuner`` with ASHA on the Ray the notebook is connected to (08.2).
+epoch with a checkpoint of the model, run by a real ``tune.Tuner`` with ASHA on the Ray the notebook is
+connected to; the last reported accuracy is recomputed from the last checkpoint (08.2).
 
 The graders build their own data from scikit-learn's digits (a fixed subset, no download), so the
 student's code must read the data from what it is given, never from notebook globals.
@@ -56,13 +57,24 @@ class _Recorded:
 def _run_08_1(rank: int, world_size: int, fn: Callable[..., Any], config: dict[str, Any]) -> Any:
     import torch
 
-    result = fn(rank, world_size, config)
+    dtypes: set[str] = set()  # the output dtypes of every nn.Linear run with gradients on (training)
+
+    def note_dtype(module: Any, inputs: Any, output: Any) -> None:
+        if isinstance(module, torch.nn.Linear) and torch.is_grad_enabled():
+            dtypes.add(str(output.dtype).removeprefix("torch."))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(note_dtype)
+    try:
+        result = fn(rank, world_size, config)
+    finally:
+        hook.remove()
     if not isinstance(result, dict) or not {"accuracy", "lrs", "model"} <= set(result):
         raise TypeError("train_scheduled must return a dict with 'accuracy', 'lrs' and 'model'")
     if not isinstance(result["model"], torch.nn.Module):
         raise TypeError("result['model'] must be the trained nn.Module (the one DDP wraps: ddp_model.module)")
     model = result["model"].cpu()
-    return float(result["accuracy"]), [float(v) for v in result["lrs"]], model, config["train_set"].seen
+    seen = config["train_set"].seen
+    return float(result["accuracy"]), [float(v) for v in result["lrs"]], model, seen, sorted(dtypes)
 
 
 def _full_accuracies(model: Any, x: Any, y: Any) -> list[float]:
@@ -75,6 +87,33 @@ def _full_accuracies(model: Any, x: Any, y: Any) -> list[float]:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
                 out.append((model(x).argmax(1) == y).double().mean().item())
     return out
+
+
+def _model() -> Any:
+    """Section 1's ``make_model()``: the architecture whose weights 08.2's checkpoints hold."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _state_dict(checkpoint: Any) -> Any:
+    """The state dict in a trial's checkpoint folder: its one ``.pt``/``.pth`` file (or that file's
+    ``"model"`` entry); a short description of what is there instead."""
+    import torch
+
+    if checkpoint is None:
+        return "no checkpoint"
+    with checkpoint.as_directory() as folder:
+        files = sorted(f for f in os.listdir(folder) if f.endswith((".pt", ".pth")))
+        if len(files) != 1:
+            return f"{len(files)} .pt files ({sorted(os.listdir(folder))})"
+        try:
+            state = torch.load(os.path.join(folder, files[0]), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 -- any unreadable file is the student's to fix
+            return f"a file torch.load cannot read ({type(exc).__name__})"
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    return state if isinstance(state, dict) else f"a {type(state).__name__}"
 
 
 def _expected_lrs(lr: float, epochs: int, steps: int) -> list[float]:
@@ -155,7 +194,12 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
         if not os.path.exists(config("crashed")["checkpoint"]):
             raise Wrong("after two epochs and a crash there is no file at config['checkpoint'].")
         resumed = run_ranks(_run_08_1, 2, train_scheduled, config("crashed"), timeout_s=60)
-    (acc0, lrs, model0, seen0), (acc1, _, model1, seen1) = whole
+    (acc0, lrs, model0, seen0, dtypes), (acc1, _, model1, seen1, _) = whole
+    if dtypes != ["bfloat16"]:  # the grader's ranks are gloo processes on the CPU: bf16 autocast
+        raise Wrong(
+            f"during training the linear layers produced {dtypes or 'no'} outputs; mixed precision on this "
+            "CPU gives bfloat16."
+        )
     state0, state1 = model0.state_dict(), model1.state_dict()
     for name, value in state0.items():
         if not torch.allclose(value, state1[name], atol=1e-6):
@@ -181,7 +225,7 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
             f"({epochs} epochs of {steps} steps); first ones {[round(v, 4) for v in lrs[:3]]}, expected "
             f"{[round(v, 4) for v in expected[:3]]}."
         )
-    acc_r, lrs_r, model_r, _ = resumed[0]
+    acc_r, lrs_r, model_r, _, _ = resumed[0]
     tail = expected[2 * steps :]
     if len(lrs_r) != len(tail):
         raise Wrong(
@@ -200,7 +244,7 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
             f"the resumed run's final weights differ from the uninterrupted run's by up to {gap:.2g}."
         )
     return (
-        f"2 ranks shared the data in a new order every epoch, reported the exact validation accuracy "
+        f"2 ranks trained under bf16 autocast, shared the data in a new order every epoch, reported the exact validation accuracy "
         f"({acc0:.3f}) and followed OneCycleLR; crashed in epoch 3 and resumed, the final weights equal "
         "an uninterrupted run's"
     )
@@ -222,7 +266,7 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
     if not callable(trainable):
         raise Wrong(f"pass the function itself, not {type(trainable).__name__}.")
     data = _digits()
-    good, poor, epochs = 0.2, 1e-5, 4
+    good, poor, epochs = 0.2, 1e-5, 3
     printed = io.StringIO()  # Ray's console output stays out of the feedback
     with (
         _ray_here(),
@@ -244,6 +288,8 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
         by_lr = {r.config["lr"]: r for r in results}
         errors = [r.error for r in results if r.error is not None]
         reports = {lr: r.metrics_dataframe for lr, r in by_lr.items()}
+        saved = by_lr[good].best_checkpoints if good in by_lr and not errors else []
+        last_state = _state_dict(by_lr[good].checkpoint) if saved else None
     if errors:
         text = str(errors[0]).strip()
         raise Wrong(
@@ -268,12 +314,34 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
         raise Wrong(
             f"with lr={good:g} the accuracy after {epochs} epochs is {accuracies[-1]:.3f}, below 0.85."
         )
+    if len(saved) != epochs:
+        raise Wrong(
+            f"the trial with lr={good:g} reported {epochs} times with {len(saved)} checkpoint(s); each report "
+            "needs a tune.Checkpoint of the model's weights."
+        )
+    if not isinstance(last_state, dict):
+        raise Wrong(
+            f"the last checkpoint of lr={good:g} holds {last_state}, not a torch.save'd model.state_dict()."
+        )
+    model = _model()
+    try:
+        model.load_state_dict(last_state)
+    except RuntimeError as exc:
+        raise Wrong(
+            f"the last checkpoint's weights do not fit section 1's make_model(): {str(exc).splitlines()[0]}"
+        ) from None
+    full = _full_accuracies(model, data[2], data[3])
+    if not any(abs(accuracies[-1] - a) < 1e-6 for a in full):
+        raise Wrong(
+            f"the last reported accuracy is {accuracies[-1]:.5f}, but the checkpointed model classifies "
+            f"{full[0]:.5f} of the {_N_VAL} validation samples correctly ({full[1]:.5f} under bf16 autocast)."
+        )
     stopped = len(reports[poor])
     if stopped != 1:
         raise Wrong(
             f"the trial with lr={poor:g} reported {stopped} times; ASHA should have stopped it after 1."
         )
     return (
-        f"reports every epoch on the {_N_VAL} validation samples (lr={good:g}: {accuracies[-1]:.3f} after "
+        f"reports every epoch, with a checkpoint, on the {_N_VAL} validation samples (lr={good:g}: {accuracies[-1]:.3f} after "
         f"{epochs}); ASHA stopped lr={poor:g} after its first epoch"
     )

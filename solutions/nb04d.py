@@ -1,0 +1,102 @@
+"""Reference solutions of notebook 04d's exercises and typical wrong attempts (for
+tests/test_solutions.py)."""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def save_snapshot(path, model, optimizer, scheduler, epoch):
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+    }
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_snapshot(path, model, optimizer, scheduler):
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["epoch"] + 1
+
+
+def save_without_scheduler(path, model, optimizer, scheduler, epoch):
+    """What section 2's script saves: the schedule's position is lost."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_without_scheduler(path, model, optimizer, scheduler):
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["epoch"] + 1
+
+
+def train(model, optimizer, data, epochs, path):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    start = 0
+    if os.path.exists(path):
+        snapshot = torch.load(path, weights_only=True)
+        model.module.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        start = snapshot["epoch"] + 1
+    x, y = data
+    for epoch in range(start, epochs):
+        order = torch.randperm(
+            len(x), generator=torch.Generator().manual_seed(epoch)
+        )  # a function of the epoch
+        for batch in order[rank::world_size].split(8):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        dist.barrier()
+
+
+def train_atomic_but_replayed_shuffle(model, optimizer, data, epochs, path):
+    """Saves atomically, but the shuffle still comes from the global RNG: a restart replays epoch 0's
+    order."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    start = 0
+    if os.path.exists(path):
+        snapshot = torch.load(path, weights_only=True)
+        model.module.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        start = snapshot["epoch"] + 1
+    x, y = data
+    for epoch in range(start, epochs):
+        order = torch.randperm(len(x))
+        for batch in order[rank::world_size].split(8):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        dist.barrier()
+
+
+SOLUTIONS = {"04d.1": (save_snapshot, load_snapshot), "04d.2": (train,)}
+WRONG = {
+    "04d.1": (save_without_scheduler, load_without_scheduler),
+    "04d.2": (train_atomic_but_replayed_shuffle,),
+}
