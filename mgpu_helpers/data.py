@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 03a, 04b and 05a (and by :mod:`mgpu_helpers.tuning` for notebooks 06a and 06b):
+"""Used by notebooks 01, 03a, 04b, 04c and 05a (and by :mod:`mgpu_helpers.tuning` for notebooks 06a and 06b):
 small
 synthetic datasets for the course, generated locally and deterministically.
 

@@ -310,9 +310,9 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
                 f"a reported accuracy, {value:.5f}, is not a number of correct samples out of the {_N_VAL} "
                 "validation samples."
             )
-    if accuracies[-1] < 0.85:
+    if accuracies[-1] < 0.8:
         raise Wrong(
-            f"with lr={good:g} the accuracy after {epochs} epochs is {accuracies[-1]:.3f}, below 0.85."
+            f"with lr={good:g} the accuracy after {epochs} epochs is {accuracies[-1]:.3f}, below 0.8."
         )
     if len(saved) != epochs:
         raise Wrong(

@@ -1,5 +1,5 @@
-"""Used by notebooks 06a (search methods), 06b (Ray Tune and ASHA) and 08 (capstone), and ``benchmarks/tuning.py``: the toy
-task, Ray on loopback, studies, plots.
+"""Used by notebooks 06a (search methods), 06b (Ray Tune and ASHA) and 08 (capstone), and
+``benchmarks/tuning.py``: the toy task, Ray on loopback, studies, plots.
 
 The notebooks write ``from mgpu_helpers import tuning`` and ``tuning.<name>``.
 
