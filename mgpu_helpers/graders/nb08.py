@@ -244,9 +244,9 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
             f"the resumed run's final weights differ from the uninterrupted run's by up to {gap:.2g}."
         )
     return (
-        f"2 ranks trained under bf16 autocast, shared the data in a new order every epoch, reported the exact validation accuracy "
-        f"({acc0:.3f}) and followed OneCycleLR; crashed in epoch 3 and resumed, the final weights equal "
-        "an uninterrupted run's"
+        "2 ranks trained under bf16 autocast, shared the data in a new order every epoch, reported the "
+        f"exact validation accuracy ({acc0:.3f}) and followed OneCycleLR; crashed in epoch 3 and resumed, "
+        "the final weights equal an uninterrupted run's"
     )
 
 
@@ -316,8 +316,8 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
         )
     if len(saved) != epochs:
         raise Wrong(
-            f"the trial with lr={good:g} reported {epochs} times with {len(saved)} checkpoint(s); each report "
-            "needs a tune.Checkpoint of the model's weights."
+            f"the trial with lr={good:g} reported {epochs} times with {len(saved)} checkpoint(s); each "
+            "report needs a tune.Checkpoint of the model's weights."
         )
     if not isinstance(last_state, dict):
         raise Wrong(
@@ -342,6 +342,6 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             f"the trial with lr={poor:g} reported {stopped} times; ASHA should have stopped it after 1."
         )
     return (
-        f"reports every epoch, with a checkpoint, on the {_N_VAL} validation samples (lr={good:g}: {accuracies[-1]:.3f} after "
-        f"{epochs}); ASHA stopped lr={poor:g} after its first epoch"
+        f"reports every epoch, with a checkpoint, on the {_N_VAL} validation samples "
+        f"(lr={good:g}: {accuracies[-1]:.3f} after {epochs}); ASHA stopped lr={poor:g} after its first epoch"
     )
