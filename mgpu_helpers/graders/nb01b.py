@@ -10,14 +10,13 @@ timeout, so a send/recv order in which every rank waits fails in seconds with a 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..exercises import Wrong, exercise
-from ..launching import LaunchError, launch
+from ._ranks import run_ranks
 
 _NPROCS = 3
 _COLLECTIVES = (
@@ -73,30 +72,8 @@ def _counting(calls: list[str]) -> Callable[[], None]:
 
 
 def _run(worker: Callable[..., Any], *args: Any, collective_timeout_s: float) -> list[Any]:
-    """3 gloo ranks; a rank's exception or a timeout becomes :class:`Wrong`."""
-    try:
-        return launch(
-            worker,
-            _NPROCS,
-            args=args,
-            backend="gloo",
-            timeout_s=30.0,
-            collective_timeout_s=collective_timeout_s,
-        )
-    except LaunchError as exc:
-        text = str(exc)
-        if "Timed out" in text or text.startswith("timed out"):
-            op = re.search(r"for (send|recv) operation", text)
-            where = f" in a {op.group(1)}" if op else ""
-            raise Wrong(
-                f"a rank waited {collective_timeout_s:g} s{where} for a partner that never made the matching "
-                "call: with these calls in this order, the ranks wait for each other forever."
-            ) from None
-        first = re.match(r"rank (\d+) raised", text)
-        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("(rank(s)")]
-        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
-        last = (errors or lines or [text])[-1]
-        raise Wrong(f"{f'rank {first.group(1)}' if first else 'a rank'} raised {last.strip()}") from None
+    """3 gloo ranks; a rank's exception or a deadlock becomes :class:`Wrong`."""
+    return run_ranks(worker, _NPROCS, *args, collective_timeout_s=collective_timeout_s)
 
 
 # --- 01b.1: the global mean ---------------------------------------------------------------------------
