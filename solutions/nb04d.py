@@ -13,6 +13,7 @@ def save_snapshot(path, model, optimizer, scheduler, epoch):
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
+        "rng": torch.get_rng_state(),  # Dropout's masks come from the global generator
         "epoch": epoch,
     }
     torch.save(state, path + ".tmp")
@@ -26,22 +27,29 @@ def load_snapshot(path, model, optimizer, scheduler):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
     return state["epoch"] + 1
 
 
-def save_without_scheduler(path, model, optimizer, scheduler, epoch):
-    """What section 2's script saves: the schedule's position is lost."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+def save_without_rng(path, model, optimizer, scheduler, epoch):
+    """Model, optimizer, scheduler and epoch, but not the RNG: Dropout's masks change after a restart."""
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+    }
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def load_without_scheduler(path, model, optimizer, scheduler):
+def load_without_rng(path, model, optimizer, scheduler):
     if not os.path.exists(path):
         return 0
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
     return state["epoch"] + 1
 
 
@@ -49,7 +57,7 @@ def train(model, optimizer, data, epochs, path):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     start = 0
     if os.path.exists(path):
-        snapshot = torch.load(path, weights_only=True)
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
         model.module.load_state_dict(snapshot["model"])
         optimizer.load_state_dict(snapshot["optimizer"])
         start = snapshot["epoch"] + 1
@@ -76,7 +84,7 @@ def train_atomic_but_replayed_shuffle(model, optimizer, data, epochs, path):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     start = 0
     if os.path.exists(path):
-        snapshot = torch.load(path, weights_only=True)
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
         model.module.load_state_dict(snapshot["model"])
         optimizer.load_state_dict(snapshot["optimizer"])
         start = snapshot["epoch"] + 1
@@ -97,6 +105,6 @@ def train_atomic_but_replayed_shuffle(model, optimizer, data, epochs, path):
 
 SOLUTIONS = {"04d.1": (save_snapshot, load_snapshot), "04d.2": (train,)}
 WRONG = {
-    "04d.1": (save_without_scheduler, load_without_scheduler),
+    "04d.1": (save_without_rng, load_without_rng),
     "04d.2": (train_atomic_but_replayed_shuffle,),
 }

@@ -1,37 +1,46 @@
-"""Used by notebook 04d's exercises: snapshot functions for a full training state (04d.1) and the repair
-of a training loop that is not restart-safe (04d.2), each graded by a real ``torchrun --max-restarts=1``
-job of 2 gloo processes on this machine in which a worker dies once.
+"""Used by notebook 04d's exercises: snapshot functions for a full training state with Dropout (04d.1) and
+the repair of a training loop that is not restart-safe (04d.2).
 
-**04d.1.** The student's ``save_snapshot(path, model, optimizer, scheduler, epoch)`` and
-``load_snapshot(path, model, optimizer, scheduler)`` (their source, as in the notebook) are written into
-a worker script. It trains a float64 MLP with AdamW and a per-step warm-up/decay ``LambdaLR`` for 3
-epochs under DDP, rank 0 saving a snapshot after every epoch; rank 1 dies (``os._exit(1)``) at the start
-of epoch 2 in the first attempt, torchrun restarts both workers, and they resume. What the restarted
-workers loaded (epoch, weights, AdamW's moments, learning rate) and the final weights are compared with
-a single-process computation of the same training (float64: equal up to rounding, ``rtol=1e-9``).
+Each grader first runs a cheap check that catches the usual mistakes in a second or two, and only code
+that passes it goes on to one real **elastic** job: torchelastic's ``LocalElasticAgent`` (what torchrun
+runs) with 2 gloo workers, ``--max-restarts=1`` and a c10d rendezvous on 127.0.0.1, in which a worker dies
+once. The agent is started by :func:`torch.distributed.launcher.api.elastic_launch` in a *forked* child of
+the kernel (the agent installs SIGTERM/SIGINT handlers, which must not land in the kernel), and its workers
+fork from it, so functions defined in the notebook run as they are — no script, no fresh Pythons.
 
-**04d.2.** The student's repaired ``train(model, optimizer, data, epochs, path)`` runs once without a
-crash (in forked processes, :func:`~mgpu_helpers.graders._ranks.run_ranks`) — the reference — and once
-under torchrun, where the first attempt dies *while rank 0 writes its second snapshot* (the grader's
-``torch.save`` writes half of the file, then the process exits). The restarted job must load a good
-snapshot, continue after epoch 0 (not start over), see the same batches as the uninterrupted run, and
-end with the same weights.
+**04d.1.** In the kernel: train 2 epochs of a float64 MLP with Dropout, AdamW and a per-step ``LambdaLR``,
+``save_snapshot``, build a fresh model, optimizer and scheduler (the global RNG re-seeded, as in a new
+process), ``load_snapshot``, train epoch 2, and compare what was loaded (epoch, weights, AdamW's moments,
+learning rate, RNG state) and the final weights with the uninterrupted run (``rtol=1e-9``). Then the
+elastic job: rank 1 dies at the start of epoch 2, both workers restart and resume; what they loaded and
+the final weights are compared with the same single-process computation (the two ranks draw the same
+Dropout masks: they seed alike).
 
-Both jobs run with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (notebook 04d, section 2, says why) through
-:mod:`mgpu_helpers.launching.agent` (stores on loopback, workers die with their agent), and every process
-is stopped before the grader returns.
+**04d.2.** In 2 forked ranks (:func:`~mgpu_helpers.graders._ranks.run_ranks`): ``train(epochs=4)`` (the
+reference), and ``train(epochs=1)`` followed by ``train(epochs=4)`` on the same path with a fresh model (it
+must resume at epoch 1 with the reference's batches and weights). Then the elastic job, where rank 0's
+first attempt dies while writing its **second** snapshot, whatever route the write takes (``torch.save``
+to the path, or a file opened for writing in the snapshot's folder): half the bytes reach the file, then
+``os._exit(1)``. The restarted job must resume from the last complete snapshot, see the reference's
+batches and end with its weights.
+
+Both jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (notebook 04d, section 2, says why), keep every
+store and socket on loopback (:mod:`mgpu_helpers.launching.loopback`), tie the agent to the kernel and the
+workers to the agent (``PR_SET_PDEATHSIG``), and stop every process before the grader returns.
 """
 
 from __future__ import annotations
 
-import inspect
+import builtins
 import io
-import json
+import logging
+import multiprocessing
 import os
+import pickle
 import re
-import subprocess
+import signal
+import sys
 import tempfile
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -40,97 +49,94 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..exercises import Wrong, exercise
-from ..launching import RESULT_PREFIX, parse_results, torchrun_command
-from ..launching.torchrun import PARENT_PID_ENV, SCRATCH_ENV, launch_env
-from ..processes import die_with_parent, free_port, stop_processes, temp_prefix
+from ..launching.loopback import bind_stores_to_loopback, loopback_env
+from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes
 from ._ranks import run_ranks
 
-_TIMEOUT_S = 90.0
-_HEADER = """\
-import io, os, shutil, tempfile
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-"""
+_TIMEOUT_S = 60.0
 
 
-def _source(fn: Callable[..., Any]) -> str:
+def _tied_to(parent: int) -> None:
+    """In a child: SIGKILL when ``parent`` dies; exit now if it already has."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _in_worker(agent: int, fn: Callable[..., Any], *args: Any) -> Any:
+    _tied_to(agent)
+    torch.set_num_threads(1)
+    return fn(*args)
+
+
+def _agent(worker: Callable[..., Any], args: tuple[Any, ...], folder: str, kernel: int) -> None:
+    """Runs in a forked child of the kernel: one LocalElasticAgent, 2 workers, one restart allowed."""
+    _tied_to(kernel)
+    result: tuple[str, Any]
     try:
-        return textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError) as exc:
+        log = open(os.path.join(folder, "agent.log"), "w")  # noqa: SIM115 - lives until os._exit
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        logging.disable(logging.CRITICAL)  # the agent's own log lines: the failures come back as data
+        os.environ.update(loopback_env(), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+        bind_stores_to_loopback()
+        tempfile.tempdir = folder
+        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        port = free_port()
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=1, rdzv_backend="c10d",
+            rdzv_endpoint=f"{LOOPBACK}:{port}", run_id=f"mgpu-04d-{port}", start_method="fork",
+            monitor_interval=0.05, logs_specs=DefaultLogsSpecs(os.path.join(folder, "logs"), Std.ALL),
+        )  # fmt: skip
+        result = ("ok", elastic_launch(config, _in_worker)(os.getpid(), worker, *args))
+    except BaseException as exc:  # ChildFailedError: every attempt failed
+        failures = getattr(exc, "failures", {}).values()
+        messages = [
+            str(f.message.get("message") if isinstance(f.message, dict) else f.message) for f in failures
+        ]
+        first = [m for m in messages if not re.search(r"Connection (closed|reset)|Signal \d+", m)]
+        result = ("failed", (first or messages or [f"{type(exc).__name__}: {exc}"])[0])
+    with open(os.path.join(folder, "result.pkl"), "wb") as fh:
+        pickle.dump(result, fh)
+    os._exit(0)
+
+
+def _elastic_job(crash: str, worker: Callable[..., Any], *args: Any) -> dict[int, Any]:
+    """``worker(*args)`` on 2 ranks under an elastic agent that restarts them once; rank -> return value."""
+    if torch.cuda.is_initialized():
         raise Wrong(
-            "the grader could not read your function's source; write it with def in a notebook cell."
-        ) from exc
-
-
-def _torchrun_once_restarted(body: str, folder: str) -> tuple[int | None, str]:
-    """Run ``body`` as a script under ``torchrun --max-restarts=1`` with 2 workers in ``folder``.
-
-    Returns the agent's exit code (None after a timeout) and everything it and its workers printed.
-    """
-    script = os.path.join(folder, "worker.py")
-    with open(script, "w") as f:
-        f.write(body)
-    port = free_port()
-    cmd = torchrun_command(
-        script,
-        nproc_per_node=2,
-        master_port=port,
-        module=False,
-        rdzv="c10d",
-        rdzv_id=f"mgpu-{port}",
-        max_restarts=1,
-    )
-    scratch = tempfile.mkdtemp(prefix=temp_prefix("torchrun"), dir=folder)
-    env = {
-        **launch_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
-        PARENT_PID_ENV: str(os.getpid()),
-        SCRATCH_ENV: scratch,
-    }
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(
-            [cmd[0], "-m", "mgpu_helpers.launching.agent", *cmd[3:]],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=folder,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
+            "CUDA is initialised in this kernel, and the grader's forked processes could not use it: "
+            "restart the kernel and run the exercise cells before any cell that touches the GPU."
         )
-        code: int | None
+    with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
+        proc = multiprocessing.get_context("fork").Process(
+            target=_agent, args=(worker, args, folder, os.getpid())
+        )
         try:
-            code = proc.wait(_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            code = None
+            proc.start()
+            proc.join(_TIMEOUT_S)
+            timed_out = proc.is_alive()
         finally:
-            stop_processes([proc], grace_s=3.0)
-        out.seek(0)
-        return code, out.read().decode(errors="replace")
+            stop_processes([proc], grace_s=1.0)
+        try:
+            if timed_out:
+                raise OSError("timed out")
+            with open(os.path.join(folder, "result.pkl"), "rb") as fh:
+                status, value = pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            raise Wrong(f"the elastic job did not finish within {_TIMEOUT_S:g} s.") from None
+    if status != "ok":
+        last = value.strip().splitlines()[-1] if value.strip() else "no error message"
+        last = re.split(r"(?<=[.!]) ", last)[0][:200]  # its first sentence
+        raise Wrong(f"{crash}; then the restarted job failed: {last}")
+    return value
 
 
-def _last_error(output: str) -> str:
-    """The last 'SomethingError: message' line a worker printed (without torchrun's prefixes)."""
-    lines = [re.sub(r"^(\[default\d\]:)?(\[rank\d+\]:)?\s*", "", ln) for ln in output.splitlines()]
-    errors = [
-        ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln) and "ChildFailedError" not in ln
-    ]
-    return errors[-1][:300] if errors else "no error message (see the worker's output)"
-
-
-def _results(output: str, n: int) -> list[dict[str, Any]]:
-    found = parse_results(output)
-    if len(found) < n:
-        raise Wrong(
-            f"the torchrun job ended without the report of every attempt (got {len(found)} of {n}): "
-            f"{_last_error(output)}"
-        )
-    return found
-
-
-def _flat(tensors: Any) -> torch.Tensor:
-    return torch.cat([torch.as_tensor(t, dtype=torch.float64).reshape(-1) for t in tensors])
+def _flat(tensors: Any) -> list[float]:
+    return torch.cat([torch.as_tensor(t, dtype=torch.float64).reshape(-1) for t in tensors]).tolist()
 
 
 def _differs(a: Any, b: Any) -> float | None:
@@ -147,12 +153,11 @@ _EPOCHS, _CRASH_EPOCH, _SAMPLES, _BATCH = 3, 2, 64, 8  # per rank and step: _BAT
 
 
 def _setup_041() -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
-    torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(_SAMPLES, 6, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 3, (_SAMPLES,), generator=gen)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    torch.manual_seed(0)  # what a fresh process does: the same weights, and the RNG where a new run has it
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.25), nn.Linear(16, 3)).double()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 4) * 0.8**step
@@ -168,14 +173,70 @@ def _shards(epoch: int, world_size: int = 2) -> list[torch.Tensor]:
 def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     moments = [optimizer.state[p].get("exp_avg") for p in model.parameters()]
     return {
-        "weights": _flat(p.detach() for p in model.parameters()).tolist(),
-        "exp_avg": None if any(m is None for m in moments) else _flat(moments).tolist(),
+        "weights": _flat(p.detach() for p in model.parameters()),
+        "exp_avg": None if any(m is None for m in moments) else _flat(moments),
         "lr": optimizer.param_groups[0]["lr"],
+        "rng": torch.get_rng_state().tolist(),
     }
 
 
-def _worker_041(save_snapshot: Callable[..., Any], load_snapshot: Callable[..., Any]) -> None:
-    """Runs in each torchrun worker: resume, train under DDP, die once, report (rank 0)."""
+def _epoch_041(
+    model: nn.Module, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor, epoch: int
+) -> list[float]:
+    """One epoch of 2 ranks in one process (both draw the same Dropout masks); the learning rates used."""
+    lrs = []
+    for parts in zip(*(s.split(_BATCH) for s in _shards(epoch)), strict=True):
+        rng, losses = torch.get_rng_state(), []
+        for b in parts:
+            torch.set_rng_state(rng)
+            losses.append(F.cross_entropy(model(x[b]), y[b]))
+        optimizer.zero_grad()
+        (sum(losses) / len(losses)).backward()
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def _check_lrs(got: list[float], want: list[float], when: str) -> None:
+    for step, (a, b) in enumerate(zip(got, want, strict=False)):
+        if _differs([a], [b]) is not None:
+            raise Wrong(
+                f"{when}, the learning rate at step {step} of epoch {_CRASH_EPOCH} was {a:.4g}; the "
+                f"uninterrupted run used {b:.4g}."
+            )
+
+
+def _check_loaded(start: Any, got: dict[str, Any], want: dict[str, Any], when: str) -> None:
+    if start != _CRASH_EPOCH or isinstance(start, bool):
+        raise Wrong(
+            f"{when}, with the snapshot of epoch {_CRASH_EPOCH - 1} on disk, your load_snapshot returned "
+            f"{start!r} as the epoch to go on at."
+        )
+    if _differs(got["weights"], want["weights"]) is not None:
+        raise Wrong(
+            f"{when}, the weights after load_snapshot differ from those after epoch {_CRASH_EPOCH - 1}."
+        )
+    if got["exp_avg"] is None or _differs(got["exp_avg"], want["exp_avg"]) is not None:
+        raise Wrong(
+            f"{when}, AdamW's moments (exp_avg) after load_snapshot are not those of the uninterrupted run."
+        )
+    if _differs([got["lr"]], [want["lr"]]) is not None:
+        raise Wrong(
+            f"{when}, the learning rate after load_snapshot was {got['lr']:.4g}; the uninterrupted run "
+            f"went on with {want['lr']:.4g}."
+        )
+    if got["rng"] != want["rng"]:
+        raise Wrong(
+            f"{when}, the random number generator after load_snapshot was not where the uninterrupted run "
+            f"had it, so epoch {_CRASH_EPOCH}'s Dropout masks differ."
+        )
+
+
+def _worker_041(
+    save_snapshot: Callable[..., Any], load_snapshot: Callable[..., Any], path: str
+) -> dict[str, Any]:
+    """Runs in each elastic worker: resume, train under DDP, rank 1 dies once; returns what it saw."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -183,130 +244,77 @@ def _worker_041(save_snapshot: Callable[..., Any], load_snapshot: Callable[..., 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     model, optimizer, scheduler, x, y = _setup_041()
-    path = "snapshot.pt"
     start = load_snapshot(path, model, optimizer, scheduler)
-    report: dict[str, Any] = {"attempt": attempt, "start": start if isinstance(start, int) else repr(start)}
-    report["resumed"] = _state(model, optimizer)
-    if not isinstance(start, int) or isinstance(start, bool):
-        start = _EPOCHS  # nothing to train: the grader reports the return value
+    report = {"attempt": attempt, "start": start, "resumed": _state(model, optimizer)}
     ddp = DDP(model)
-    lrs = []
-    for epoch in range(start, _EPOCHS):
+    for epoch in range(start if isinstance(start, int) else _EPOCHS, _EPOCHS):
         if rank == 1 and epoch == _CRASH_EPOCH and attempt == 0:
             os._exit(1)  # the simulated failure
-        mine = _shards(epoch, world_size)[rank]
-        for batch in mine.split(_BATCH):
-            lrs.append(optimizer.param_groups[0]["lr"])
+        for batch in _shards(epoch, world_size)[rank].split(_BATCH):
             loss = F.cross_entropy(ddp(x[batch]), y[batch])
             optimizer.zero_grad()
             loss.backward()
+            report.setdefault("lrs", []).append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
         if rank == 0:
             save_snapshot(path, model, optimizer, scheduler, epoch)
         dist.barrier()
-    report["lrs"], report["final"] = lrs, _state(model, optimizer)["weights"]
-    if rank == 0:
-        print(RESULT_PREFIX + json.dumps(report), flush=True)
+    report["final"] = _state(model, optimizer)["weights"]
     dist.destroy_process_group()
-
-
-def _reference_041() -> dict[str, Any]:
-    """The same training in one process: each step's mean loss over both ranks' batches."""
-    model, optimizer, scheduler, x, y = _setup_041()
-    states, lrs = [], []
-    for epoch in range(_EPOCHS):
-        shards = _shards(epoch)
-        for parts in zip(*(s.split(_BATCH) for s in shards), strict=True):
-            lrs.append(optimizer.param_groups[0]["lr"])
-            loss = sum(F.cross_entropy(model(x[b]), y[b]) for b in parts) / len(parts)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-        states.append(_state(model, optimizer))
-    return {"after_epoch": states, "lrs": lrs, "final": states[-1]["weights"]}
-
-
-def _check_resume(got: dict[str, Any], want: dict[str, Any]) -> None:
-    start = got["start"]
-    if start != _CRASH_EPOCH:
-        raise Wrong(
-            f"rank 1 died at the start of epoch {_CRASH_EPOCH}, after rank 0 had saved the snapshot of epoch "
-            f"{_CRASH_EPOCH - 1}; after the restart your load_snapshot returned {start!r} as the "
-            f"epoch to go on at."
-        )
-    resumed = got["resumed"]
-    diff = _differs(resumed["weights"], want["weights"])
-    if diff is not None:
-        raise Wrong(
-            f"the weights after load_snapshot differ from those after epoch {_CRASH_EPOCH - 1} "
-            f"by up to {diff:.3g}."
-        )
-    if resumed["exp_avg"] is None:
-        raise Wrong(
-            "after load_snapshot AdamW had no state (no exp_avg): it would start its moment estimates afresh."
-        )
-    diff = _differs(resumed["exp_avg"], want["exp_avg"])
-    if diff is not None:
-        raise Wrong(
-            f"AdamW's first moments (exp_avg) after load_snapshot differ from the uninterrupted "
-            f"run's by {diff:.3g}."
-        )
+    return report
 
 
 @exercise(
     "04d.1",
     "snapshot a full training state",
-    hint="List every object whose state changes while training and decides what the next step does — the "
-    "weights are only one of them. And once the snapshot of epoch e is on disk, which epoch must the job "
-    "go on at?",
+    hint="List everything whose state changes while training and decides what the next step does — the "
+    "weights are only one of them, and Dropout draws random numbers. Once the snapshot of epoch e is on "
+    "disk, which epoch must the job go on at?",
 )
 def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..., Any]) -> str:
-    """A torchrun job with a crash and --max-restarts=1 vs a single-process run of the same training."""
+    """Save/load in the kernel first, then an elastic job with a crash and one restart."""
     for name, fn in (("save_snapshot", save_snapshot), ("load_snapshot", load_snapshot)):
         if not callable(fn):
             raise Wrong(f"pass the function {name} itself, not {type(fn).__name__}")
-    body = (
-        _HEADER
-        + _source(save_snapshot)
-        + "\n"
-        + _source(load_snapshot)
-        + "\n\nfrom mgpu_helpers.graders.nb04d import _worker_041\n"
-        + f"_worker_041({save_snapshot.__name__}, {load_snapshot.__name__})\n"
-    )
-    want = _reference_041()
-    with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        code, output = _torchrun_once_restarted(body, folder)
-    if code is None:
-        raise Wrong(f"the torchrun job did not finish within {_TIMEOUT_S:g} s.")
-    reports = {r["attempt"]: r for r in parse_results(output)}
-    if 0 not in reports and code != 0:
-        raise Wrong(f"the first attempt failed before training: {_last_error(output)}")
-    if 1 not in reports:
-        raise Wrong(f"the restarted workers failed: {_last_error(output)}")
-    first, second = reports.get(0), reports[1]
-    if first is not None and first["start"] != 0:
-        raise Wrong(
-            f"with no snapshot on disk your load_snapshot returned {first['start']!r} instead of epoch 0."
-        )
-    _check_resume(second, want["after_epoch"][_CRASH_EPOCH - 1])
-    steps_done = len(want["lrs"]) - len(second["lrs"])
-    for k, (got, lr) in enumerate(zip(second["lrs"], want["lrs"][steps_done:], strict=False)):
-        if _differs([got], [lr]) is not None:
+    with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder, torch.random.fork_rng(devices=[]):
+        path = os.path.join(folder, "snapshot.pt")
+        model, optimizer, scheduler, x, y = _setup_041()
+        start = load_snapshot(path, model, optimizer, scheduler)
+        if start != 0 or isinstance(start, bool):
+            raise Wrong(f"with no file at path, your load_snapshot returned {start!r} instead of epoch 0.")
+        for epoch in range(_CRASH_EPOCH):
+            _epoch_041(model, optimizer, scheduler, x, y, epoch)
+        save_snapshot(path, model, optimizer, scheduler, _CRASH_EPOCH - 1)
+        saved = _state(model, optimizer)
+        want_lrs = _epoch_041(model, optimizer, scheduler, x, y, _CRASH_EPOCH)
+        final = _state(model, optimizer)["weights"]
+        model, optimizer, scheduler, x, y = _setup_041()  # a fresh process
+        start = load_snapshot(path, model, optimizer, scheduler)
+        _check_loaded(start, _state(model, optimizer), saved, "in one process")
+        _check_lrs(_epoch_041(model, optimizer, scheduler, x, y, _CRASH_EPOCH), want_lrs, "in one process")
+        if _differs(_state(model, optimizer)["weights"], final) is not None:
             raise Wrong(
-                f"after the restart the learning rate at step {steps_done + k} (counting from 0) "
-                f"was {got:.4g}; "
-                f"the uninterrupted run used {lr:.4g} at that step."
+                "in one process, the weights after the resumed epoch differ from the uninterrupted run's."
             )
-    diff = _differs(second["final"], want["final"])
-    if diff is not None:
-        raise Wrong(f"the final weights differ from an uninterrupted run's by up to {diff:.3g}.")
+    with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
+        report = _elastic_job(
+            f"rank 1 died at the start of epoch {_CRASH_EPOCH}",
+            _worker_041,
+            save_snapshot,
+            load_snapshot,
+            os.path.join(folder, "snapshot.pt"),
+        )[0]
+    if report["attempt"] != 1:
+        raise Wrong("the elastic job ended without a restart: rank 1 never reached epoch 2.")
+    _check_loaded(report["start"], report["resumed"], saved, "after the real restart")
+    _check_lrs(report.get("lrs", []), want_lrs, "after the real restart")
+    if _differs(report["final"], final) is not None:
+        raise Wrong("after the real restart, the final weights differ from an uninterrupted run's.")
     return (
-        f"a real torchrun job lost rank 1 at the start of epoch {_CRASH_EPOCH}, restarted both "
-        f"workers, and they "
-        "resumed with the weights, AdamW's moments and the learning rate of the uninterrupted run; the final "
-        "weights equal a single-process run's (float64, up to rounding)."
+        "resumed in one process and after a real elastic restart (rank 1 lost at the start of epoch 2) with "
+        "the weights, AdamW's moments, the learning rate and the RNG state of the uninterrupted run, and "
+        "ended with its weights."
     )
 
 
@@ -318,7 +326,6 @@ _EPOCHS_2 = 4
 def _setup_042() -> tuple[
     nn.Module, torch.optim.Optimizer, tuple[torch.Tensor, torch.Tensor], dict[float, int]
 ]:
-    torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(_SAMPLES, 6, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 3, (_SAMPLES,), generator=gen)
@@ -328,69 +335,104 @@ def _setup_042() -> tuple[
     return model, optimizer, (x, y), {float(v): i for i, v in enumerate(x[:, 0].tolist())}
 
 
-def _watch(model: nn.Module, index: dict[float, int]) -> list[list[int]]:
+def _run_042(train: Callable[..., Any], epochs: int, path: str) -> dict[str, Any]:
+    """A fresh model and optimizer (as in a new process), ``train`` on them; the batches and weights."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, optimizer, data, index = _setup_042()
     seen: list[list[int]] = []
+    model.register_forward_pre_hook(
+        lambda _m, inputs: seen.append([index.get(v, -1) for v in inputs[0][:, 0].tolist()])
+    )
+    train(DDP(model), optimizer, data, epochs, path)
+    return {"seen": seen, "final": _flat(p.detach() for p in model.parameters())}
 
-    def record(_module: nn.Module, inputs: tuple[Any, ...]) -> None:
-        seen.append([index.get(float(v), -1) for v in inputs[0][:, 0].tolist()])
 
-    model.register_forward_pre_hook(record)
-    return seen
+def _ranks_042(rank: int, world_size: int, train: Callable[..., Any], folder: str) -> dict[str, Any]:
+    reference = _run_042(train, _EPOCHS_2, os.path.join(folder, "a", "snapshot.pt"))
+    _run_042(train, 1, os.path.join(folder, "b", "snapshot.pt"))
+    return {
+        "reference": reference,
+        "resumed": _run_042(train, _EPOCHS_2, os.path.join(folder, "b", "snapshot.pt")),
+    }
 
 
-def _dying_save(real_save: Callable[..., Any]) -> Callable[..., Any]:
-    """torch.save that, on its second call, writes half of the file and ends the process (a crash)."""
-    calls = [0]
+def _arm_crash(folder: str) -> None:
+    """Make the 2nd write of a file in ``folder`` (torch.save to a path, or open() for writing) write half of
+    its bytes and end the process, like a machine lost in the middle of saving."""
+    real_open, real_save, writes = builtins.open, torch.save, [0]
 
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        if calls[0] != 2:
-            real_save(obj, f, *args, **kwargs)
-            return
+    def second(target: Any) -> bool:
+        inside = isinstance(target, (str, os.PathLike)) and os.path.abspath(target).startswith(
+            folder + os.sep
+        )
+        writes[0] += inside
+        return inside and writes[0] == 2
+
+    class Dying:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def write(self, data: Any) -> None:
+            self.handle.write(data[: len(data) // 2])
+            self.handle.flush()
+            os._exit(1)
+
+        def __enter__(self) -> Dying:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.handle.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+    def dying_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        return Dying(handle) if set(mode) & set("wax+") and second(file) else handle
+
+    def dying_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not second(f):
+            return real_save(obj, f, *args, **kwargs)
         buffer = io.BytesIO()
         real_save(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()[: len(buffer.getvalue()) // 2]
-        if isinstance(f, (str, os.PathLike)):
-            with open(f, "wb") as out:
-                out.write(data)
-        else:
-            f.write(data)
-            f.flush()
+        with real_open(f, "wb") as out:
+            out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
         os._exit(1)
 
-    return save
+    builtins.open = io.open = dying_open  # type: ignore[assignment]
+    torch.save = torch.serialization.save = dying_save  # type: ignore[assignment]
 
 
-def _worker_042(train: Callable[..., Any]) -> None:
-    """Runs in each torchrun worker: the student's train(), rank 0 dying in its second save (first
-    attempt)."""
+def _worker_042(train: Callable[..., Any], folder: str) -> dict[str, Any]:
+    """Runs in each elastic worker: the student's train(); in attempt 0 rank 0 dies in its 2nd snapshot."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo")
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    if attempt == 0:
-        torch.save = _dying_save(torch.save)  # type: ignore[assignment]
-    model, optimizer, data, index = _setup_042()
-    seen = _watch(model, index)
-    train(DDP(model), optimizer, data, _EPOCHS_2, os.path.abspath("snapshot.pt"))
-    report = {
-        "attempt": attempt,
-        "seen": seen,
-        "final": _flat(p.detach() for p in model.parameters()).tolist(),
-    }
-    if dist.get_rank() == 0:
-        print(RESULT_PREFIX + json.dumps(report), flush=True)
+    if attempt == 0 and dist.get_rank() == 0:
+        _arm_crash(folder)
+    report = {"attempt": attempt, **_run_042(train, _EPOCHS_2, os.path.join(folder, "snapshot.pt"))}
     dist.destroy_process_group()
+    return report
 
 
-def _reference_rank_042(rank: int, world_size: int, train: Callable[..., Any], folder: str) -> dict[str, Any]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model, optimizer, data, index = _setup_042()
-    seen = _watch(model, index)
-    train(DDP(model), optimizer, data, _EPOCHS_2, os.path.join(folder, "snapshot.pt"))
-    return {"seen": seen, "final": _flat(p.detach() for p in model.parameters()).tolist()}
+def _compare_042(seen: list[list[int]], final: list[float], reference: dict[str, Any], when: str) -> None:
+    per_epoch = len(reference["seen"]) // _EPOCHS_2
+    if len(seen) >= len(reference["seen"]):
+        raise Wrong(
+            f"{when}, your train() started over at epoch 0 instead of going on after the last snapshot."
+        )
+    if len(seen) != (_EPOCHS_2 - 1) * per_epoch:
+        raise Wrong(f"{when}, rank 0 ran {len(seen)} forward passes; epochs 1 to 3 have {3 * per_epoch}.")
+    for step, (got, want) in enumerate(zip(seen, reference["seen"][per_epoch:], strict=True)):
+        if got != want:
+            raise Wrong(
+                f"{when}, rank 0's batch {step % per_epoch} of epoch {1 + step // per_epoch} held samples "
+                f"{got[:4]} …; in the uninterrupted run that batch held {want[:4]} …."
+            )
+    if _differs(final, reference["final"]) is not None:
+        raise Wrong(f"{when}, the final weights differ from the uninterrupted run's.")
 
 
 @exercise(
@@ -401,53 +443,35 @@ def _reference_rank_042(rank: int, world_size: int, train: Callable[..., Any], f
     "run would have drawn in that epoch?",
 )
 def grade_restart_safe(train: Callable[..., Any]) -> str:
-    """Uninterrupted run (forked ranks) vs a torchrun job that dies mid-save and restarts once."""
+    """A resume without a crash in forked ranks first, then an elastic job that dies mid-save."""
     if not callable(train):
         raise Wrong(f"pass the function train itself, not {type(train).__name__}")
-    body = (
-        _HEADER
-        + _source(train)
-        + f"\n\nfrom mgpu_helpers.graders.nb04d import _worker_042\n_worker_042({train.__name__})\n"
-    )
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        reference = run_ranks(_reference_rank_042, 2, train, folder, timeout_s=60.0)[0]
+        os.makedirs(os.path.join(folder, "a")), os.makedirs(os.path.join(folder, "b"))
+        runs = run_ranks(_ranks_042, 2, train, folder, timeout_s=60.0)[0]
+    reference, resumed = runs["reference"], runs["resumed"]
     per_epoch = len(reference["seen"]) // _EPOCHS_2
     if len(reference["seen"]) != _EPOCHS_2 * per_epoch or per_epoch == 0:
         raise Wrong(
             f"without any crash, rank 0 ran {len(reference['seen'])} forward passes in {_EPOCHS_2} epochs."
         )
+    _compare_042(resumed["seen"], resumed["final"], reference, "called again after train(epochs=1)")
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        code, output = _torchrun_once_restarted(body, folder)
-    if code is None:
-        raise Wrong(f"the torchrun job did not finish within {_TIMEOUT_S:g} s.")
-    reports = {r["attempt"]: r for r in parse_results(output)}
-    if 1 not in reports:
+        report = _elastic_job(
+            "the first attempt died half-way through writing the snapshot of epoch 1",
+            _worker_042,
+            train,
+            folder,
+        )[0]
+    if report["attempt"] == 0:
         raise Wrong(
-            "the first attempt died while rank 0 was writing the snapshot of epoch 1 (a crash "
-            "half-way through "
-            f"torch.save); then the restarted job failed: {_last_error(output)}"
+            "your first attempt never crashed: write the snapshot with torch.save to the path you were given."
         )
-    seen = reports[1]["seen"]
-    if len(seen) >= len(reference["seen"]):
-        raise Wrong(
-            "the first attempt died while writing the snapshot of epoch 1, so the snapshot of "
-            "epoch 0 was the "
-            "last complete one; the restarted job nevertheless trained all epochs from the beginning."
-        )
-    tail = reference["seen"][len(reference["seen"]) - len(seen) :]
-    for step, (got, want) in enumerate(zip(seen, tail, strict=True)):
-        if got != want:
-            epoch = (len(reference["seen"]) - len(seen) + step) // per_epoch
-            raise Wrong(
-                f"after the restart, rank 0's batch {step % per_epoch} of epoch {epoch} held "
-                f"samples {got[:4]} …; "
-                f"in the uninterrupted run that batch held {want[:4]} …."
-            )
-    diff = _differs(reports[1]["final"], reference["final"])
-    if diff is not None:
-        raise Wrong(f"the final weights differ from the uninterrupted run's by up to {diff:.3g}.")
+    _compare_042(
+        report["seen"], report["final"], reference, "after a crash half-way through the 2nd snapshot"
+    )
     return (
-        "a real torchrun job died half-way through writing a snapshot, restarted, resumed from "
-        "the last complete "
-        "snapshot, saw the same batches as an uninterrupted run and ended with the same weights."
+        "resumed after train(epochs=1), and in a real elastic job that died half-way through writing a "
+        "snapshot, restarted, resumed from the last complete one, saw the batches of an uninterrupted run "
+        "and ended with its weights."
     )
