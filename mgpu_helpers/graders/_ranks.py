@@ -41,12 +41,17 @@ def run_ranks(
         )
     except LaunchError as exc:
         text = str(exc)
-        if text.startswith("timed out") or "Timed out" in text:
-            op = re.search(r"for (send|recv) operation", text)
-            where = f" (in a {op.group(1)})" if op else ""
+        if text.startswith("timed out"):
             raise Wrong(
-                f"the {nprocs} {who} did not finish: one waited{where} for a message that no other sends "
-                "(a recv without a matching send, or a collective the others skip) — with these calls in "
+                f"the {nprocs} {who} did not finish within {timeout_s:g} s: one is waiting for a message "
+                "that no other sends (a recv without a matching send, or a collective the others skip)."
+            ) from None
+        if "Timed out" in text:
+            op = re.search(r"for (send|recv) operation", text)
+            where = f" in a {op.group(1)}" if op else ""
+            raise Wrong(
+                f"a rank waited {collective_timeout_s:g} s{where} for a partner that never made the matching "
+                "call (a recv without a matching send, or a collective the others skip): with these calls in "
                 "this order, the ranks wait for each other forever."
             ) from None
         first = re.match(r"rank (\d+) raised", text)

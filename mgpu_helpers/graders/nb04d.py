@@ -83,15 +83,25 @@ def _agent(worker: Callable[..., Any], args: tuple[Any, ...], folder: str, kerne
         bind_stores_to_loopback()
         tempfile.tempdir = folder
         from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        port = free_port()
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=1, rdzv_backend="c10d",
-            rdzv_endpoint=f"{LOOPBACK}:{port}", run_id=f"mgpu-04d-{port}", start_method="fork",
-            monitor_interval=0.05, logs_specs=DefaultLogsSpecs(os.path.join(folder, "logs"), Std.ALL),
-        )  # fmt: skip
-        result = ("ok", elastic_launch(config, _in_worker)(os.getpid(), worker, *args))
+        for attempt in range(3):
+            port = free_port()
+            # is_host: this agent must host the rendezvous store. Without it, a port that another job
+            # took since free_port() makes the agent join *that* job's store as a client and wait forever.
+            config = LaunchConfig(
+                min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=1, rdzv_backend="c10d",
+                rdzv_endpoint=f"{LOOPBACK}:{port}", rdzv_configs={"is_host": True}, run_id=f"mgpu-04d-{port}",
+                start_method="fork", monitor_interval=0.05,
+                logs_specs=DefaultLogsSpecs(os.path.join(folder, "logs", str(attempt)), Std.ALL),
+            )  # fmt: skip
+            try:
+                result = ("ok", elastic_launch(config, _in_worker)(os.getpid(), worker, *args))
+                break
+            except RendezvousConnectionError:  # the port was taken after all: try another
+                if attempt == 2:
+                    raise
     except BaseException as exc:  # ChildFailedError: every attempt failed
         failures = getattr(exc, "failures", {}).values()
         messages = [
