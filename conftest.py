@@ -61,6 +61,17 @@ def no_leftover_children():
     assert not left, f"test left processes running: {names}"
 
 
+#: Files that take a minute or more on one worker: collected first, so that with ``-n 2 --dist loadfile``
+#: one worker starts on them while the other works through the rest, instead of one worker finishing
+#: alone at the end (the wheel-install test builds a virtual environment: ~90 s).
+_LONG_FILES = ("tests/test_wheel_install.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Move the long files to the front (a stable sort: every other item keeps its order)."""
+    items.sort(key=lambda item: not any(item.nodeid.startswith(f) for f in _LONG_FILES))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """After everything (notebooks included), give kernels a moment to exit, then require none left."""
     deadline = time.monotonic() + 10
