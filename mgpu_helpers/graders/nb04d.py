@@ -33,13 +33,7 @@ from __future__ import annotations
 
 import builtins
 import io
-import logging
-import multiprocessing
 import os
-import pickle
-import re
-import signal
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -49,100 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..exercises import Wrong, exercise
-from ..launching.loopback import bind_stores_to_loopback, loopback_env
-from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes
+from ._elastic import elastic_job
 from ._ranks import run_ranks
-
-_TIMEOUT_S = 60.0
-
-
-def _tied_to(parent: int) -> None:
-    """In a child: SIGKILL when ``parent`` dies; exit now if it already has."""
-    die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _in_worker(agent: int, fn: Callable[..., Any], *args: Any) -> Any:
-    _tied_to(agent)
-    torch.set_num_threads(1)
-    return fn(*args)
-
-
-def _agent(worker: Callable[..., Any], args: tuple[Any, ...], folder: str, kernel: int) -> None:
-    """Runs in a forked child of the kernel: one LocalElasticAgent, 2 workers, one restart allowed."""
-    _tied_to(kernel)
-    result: tuple[str, Any]
-    try:
-        log = open(os.path.join(folder, "agent.log"), "w")  # noqa: SIM115 - lives until os._exit
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = log
-        logging.disable(logging.CRITICAL)  # the agent's own log lines: the failures come back as data
-        os.environ.update(loopback_env(), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
-        bind_stores_to_loopback()
-        tempfile.tempdir = folder
-        from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
-        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-        for attempt in range(3):
-            port = free_port()
-            # is_host: this agent must host the rendezvous store. Without it, a port that another job
-            # took since free_port() makes the agent join *that* job's store as a client and wait forever.
-            config = LaunchConfig(
-                min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=1, rdzv_backend="c10d",
-                rdzv_endpoint=f"{LOOPBACK}:{port}", rdzv_configs={"is_host": True}, run_id=f"mgpu-04d-{port}",
-                start_method="fork", monitor_interval=0.05,
-                logs_specs=DefaultLogsSpecs(os.path.join(folder, "logs", str(attempt)), Std.ALL),
-            )  # fmt: skip
-            try:
-                result = ("ok", elastic_launch(config, _in_worker)(os.getpid(), worker, *args))
-                break
-            except RendezvousConnectionError:  # the port was taken after all: try another
-                if attempt == 2:
-                    raise
-    except BaseException as exc:  # ChildFailedError: every attempt failed
-        failures = getattr(exc, "failures", {}).values()
-        messages = [
-            str(f.message.get("message") if isinstance(f.message, dict) else f.message) for f in failures
-        ]
-        first = [m for m in messages if not re.search(r"Connection (closed|reset)|Signal \d+", m)]
-        result = ("failed", (first or messages or [f"{type(exc).__name__}: {exc}"])[0])
-    with open(os.path.join(folder, "result.pkl"), "wb") as fh:
-        pickle.dump(result, fh)
-    os._exit(0)
-
-
-def _elastic_job(crash: str, worker: Callable[..., Any], *args: Any) -> dict[int, Any]:
-    """``worker(*args)`` on 2 ranks under an elastic agent that restarts them once; rank -> return value."""
-    if torch.cuda.is_initialized():
-        raise Wrong(
-            "CUDA is initialised in this kernel, and the grader's forked processes could not use it: "
-            "restart the kernel and run the exercise cells before any cell that touches the GPU."
-        )
-    with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        proc = multiprocessing.get_context("fork").Process(
-            target=_agent, args=(worker, args, folder, os.getpid())
-        )
-        try:
-            proc.start()
-            proc.join(_TIMEOUT_S)
-            timed_out = proc.is_alive()
-        finally:
-            stop_processes([proc], grace_s=1.0)
-        try:
-            if timed_out:
-                raise OSError("timed out")
-            with open(os.path.join(folder, "result.pkl"), "rb") as fh:
-                status, value = pickle.load(fh)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            raise Wrong(f"the elastic job did not finish within {_TIMEOUT_S:g} s.") from None
-    if status != "ok":
-        last = value.strip().splitlines()[-1] if value.strip() else "no error message"
-        last = re.split(r"(?<=[.!]) ", last)[0][:200]  # its first sentence
-        raise Wrong(f"{crash}; then the restarted job failed: {last}")
-    return value
 
 
 def _flat(tensors: Any) -> list[float]:
@@ -308,12 +210,13 @@ def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..
                 "in one process, the weights after the resumed epoch differ from the uninterrupted run's."
             )
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        report = _elastic_job(
+        report = elastic_job(
             f"rank 1 died at the start of epoch {_CRASH_EPOCH}",
             _worker_041,
             save_snapshot,
             load_snapshot,
             os.path.join(folder, "snapshot.pt"),
+            fresh=folder,
         )[0]
     if report["attempt"] != 1:
         raise Wrong("the elastic job ended without a restart: rank 1 never reached epoch 2.")
@@ -467,11 +370,12 @@ def grade_restart_safe(train: Callable[..., Any]) -> str:
         )
     _compare_042(resumed["seen"], resumed["final"], reference, "called again after train(epochs=1)")
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        report = _elastic_job(
+        report = elastic_job(
             "the first attempt died half-way through writing the snapshot of epoch 1",
             _worker_042,
             train,
             folder,
+            fresh=folder,
         )[0]
     if report["attempt"] == 0:
         raise Wrong(
