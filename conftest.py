@@ -17,6 +17,8 @@ def pytest_configure(config):
 
     torch.set_num_threads(1)
     _retry_kernel_start_up()
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order pytest_collection_modifyitems sets
+        config.option.loadscopereorder = False
 
 
 #: How many times nbval may start a notebook's kernel when it dies before running any cell.
@@ -106,18 +108,45 @@ def no_leftover_children():
     assert not left, f"test left processes running: {names}"
 
 
-#: Files that take a minute or more on one worker: collected first, so that with ``-n 2 --dist loadfile``
-#: one worker starts on them while the other works through the rest, instead of one worker finishing
-#: alone at the end (the wheel-install test builds a virtual environment: ~90 s).
-_LONG_FILES = ("tests/test_wheel_install.py",)
+#: The files that took longest on the 2-core CI VM (3 xdist workers, 2026-11-23: 52 s down to 17 s
+#: each), longest first. xdist hands out whole files in the order they were collected; these go first
+#: so that the short files fill the gaps at the end, instead of one long file running alone there.
+#: Stale figures only cost balance, never correctness.
+_LONG_FILES = (
+    "tests/test_tuning_ray.py",
+    "tests/test_solutions.py",
+    "tests/test_launcher.py",
+    "tests/test_launch.py",
+    "tests/test_wheel_install.py",
+    "notebooks/04b_ddp_in_practice.ipynb",
+    "tests/test_benchmarks.py",
+    "notebooks/04d_fault_tolerance.ipynb",
+    "notebooks/06b_ray_tune.ipynb",
+    "notebooks/08_capstone.ipynb",
+    "notebooks/07a_memory_problems.ipynb",
+    "notebooks/03b_data_parallel_limits.ipynb",
+    "tests/test_tuning_isolation.py",
+    "notebooks/01b_interactive_ranks.ipynb",
+    "tests/test_troubleshoot_fences.py",
+    "tests/test_launch_c10d.py",
+    "notebooks/07b_errors_and_hangs.ipynb",
+    "notebooks/05c_fsdp2_in_practice.ipynb",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::")[0]
+    return _LONG_FILES.index(path) if path in _LONG_FILES else len(_LONG_FILES)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Move the long files to the front (a stable sort: every other item keeps its order), and leave
+    """Move the long files to the front, longest first (a stable sort: every other item keeps its
+    order; ``pytest_configure`` turns off xdist's reordering by test count, which put the one-test
+    wheel-install file last), and leave
     out the notebooks that the wheel-install test runs under nbval itself when that test is collected:
     its fresh venv runs the same cells with the same flags from the installed wheel, what a student's
     runtime has (its docstring says why); a second run here would only cost CI a minute."""
-    items.sort(key=lambda item: not any(item.nodeid.startswith(f) for f in _LONG_FILES))
+    items.sort(key=_rank)
     wheel_test = next((i for i in items if i.nodeid.startswith("tests/test_wheel_install.py")), None)
     if wheel_test is not None:
         in_wheel = {f"notebooks/{name}" for name in wheel_test.module.NOTEBOOKS}

@@ -1,5 +1,6 @@
 """Static checks of the committed notebooks: template, stored run, slide metadata, size, slides export."""
 
+import functools
 import json
 import os
 import pathlib
@@ -115,6 +116,15 @@ def test_nbval_markers_are_tags_and_colab_cell(path):
             assert "nbval-check-output" not in t, f"hardware/time-dependent cell is checked: {s[:60]!r}"
 
 
+@functools.cache
+def _slides_exporter():
+    """What ``jupyter nbconvert --to slides`` runs, in-process; one for every notebook (its templates
+    load once)."""
+    from nbconvert import SlidesExporter
+
+    return SlidesExporter()
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_slides_export(path):
     cells = _load(path)["cells"]
@@ -122,9 +132,7 @@ def test_slides_export(path):
         "slide metadata on every cell"
     )
     assert sum(c["metadata"]["slideshow"]["slide_type"] == "slide" for c in cells) >= 4
-    from nbconvert import SlidesExporter  # what `jupyter nbconvert --to slides` runs, in-process
-
-    html, _ = SlidesExporter().from_filename(str(path))
+    html, _ = _slides_exporter().from_filename(str(path))
     assert html.count("<section") >= 4 and "reveal" in html.lower()
 
 
