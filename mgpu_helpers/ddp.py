@@ -6,7 +6,8 @@ The concepts — the training script, the sampler, the scaling measurement, the 
 are written out in notebooks 04a and 04b; this module holds:
 
 * :func:`torchrun_ready_shell` — makes ``!torchrun …`` typed in a cell run *this* kernel's torchrun on
-  the loopback interface, and picks a free port for ``--master-port``;
+  the loopback interface, with its temp folders in one folder of the kernel's, and picks a free port
+  for ``--master-port``;
 * :func:`captured_native_stderr` — captures what C++ code writes to file descriptor 2 (DDP's reducer
   warnings), which ``warnings.catch_warnings`` cannot see, so a cell can print a one-line summary
   instead of a dump;
@@ -14,13 +15,15 @@ are written out in notebooks 04a and 04b; this module holds:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 
-from .processes import LOOPBACK, free_port, loopback_interface
+from .processes import LOOPBACK, free_port, loopback_interface, temp_prefix
 
 __all__ = ["captured_native_stderr", "torchrun_ready_shell"]
 
@@ -34,10 +37,14 @@ def torchrun_ready_shell() -> int:
     * ``GLOO_SOCKET_IFNAME`` names the loopback interface, so that gloo's connections stay on
       127.0.0.1; otherwise gloo uses the address the host name resolves to, which containers and
       laptops without a network often cannot reach.
+    * ``TMPDIR`` names a folder of this kernel's (``mgpu-shell-<pid>-…`` in the temp dir): torchrun's
+      agent makes a log folder per run (``torchelastic_*``) and never removes it. The folder goes when
+      the kernel exits; one left by a killed kernel goes at the next call in any kernel.
     * The returned port was free a moment ago; pass it as ``--master-port``. (Two jobs must not share
       a port; ``torchrun``'s default, 29500, clashes as soon as a second job runs.)
 
-    Only this kernel's ``os.environ`` changes, which the shell of every later ``!`` command inherits.
+    Only this kernel's ``os.environ`` changes, which the shell of every later ``!`` command inherits
+    (the kernel's own ``tempfile`` keeps the temp dir it had).
     """
     bin_dir = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "").split(os.pathsep)
@@ -46,7 +53,21 @@ def torchrun_ready_shell() -> int:
     iface = loopback_interface()
     if iface:
         os.environ["GLOO_SOCKET_IFNAME"] = iface
+    os.environ["TMPDIR"] = _shell_temp_dir()
     return free_port(LOOPBACK)
+
+
+_SHELL_TEMP_DIR: list[str] = []  # this kernel's folder for the temp files of its `!` commands
+
+
+def _shell_temp_dir() -> str:
+    """This kernel's ``mgpu-shell-<pid>-…`` folder, made on the first call, removed at exit."""
+    if not (_SHELL_TEMP_DIR and os.path.isdir(_SHELL_TEMP_DIR[0])):
+        base = tempfile.gettempdir()  # fixed for this kernel before TMPDIR changes
+        folder = tempfile.mkdtemp(prefix=temp_prefix("shell"), dir=base)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _SHELL_TEMP_DIR[:] = [folder]
+    return _SHELL_TEMP_DIR[0]
 
 
 @contextlib.contextmanager
