@@ -5,10 +5,11 @@ and the GPUs can do, and — for each fact — what the course will do about it.
 Three steps, so that every GPU branch can be tested on a machine without one:
 
 * :func:`gather_facts` reads the machine. GPU questions (names, compute capability, peer access) are
-  asked in a **child process**: asking them here would initialise CUDA in the notebook's kernel, after
-  which the course's launcher can no longer fork workers. With two or more GPUs, a child also runs an
-  NCCL all-reduce with a deadline and, if it hangs, runs it again with ``NCCL_P2P_DISABLE=1`` (the usual
-  cure on machines whose GPUs cannot reach each other directly, such as some 2 × T4 hosts).
+  asked in a **child process** (:mod:`mgpu_helpers.hardware.probes`): asking them here would initialise
+  CUDA in the notebook's kernel, after which the course's launcher can no longer fork workers. With two
+  or more GPUs, a child also runs an NCCL all-reduce with a deadline and, if it hangs, runs it again
+  with ``NCCL_P2P_DISABLE=1`` (the usual cure on machines whose GPUs cannot reach each other directly,
+  such as some 2 × T4 hosts).
 * :func:`findings` turns :class:`Facts` into :class:`Finding` rows — a pure function, unit-tested with
   faked facts for 0, 1, 2 and N GPUs, a GPU without bf16, a hanging NCCL, Python 3.14 and a kernel that
   has already initialised CUDA.
@@ -17,13 +18,12 @@ Three steps, so that every GPU branch can be tested on a machine without one:
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from .hardware.probes import P2P_FIX, GPUFacts, nccl_smoke, probe_gpus
 from .hardware.sources import _cuda_usable
 
 __all__ = ["Facts", "Finding", "GPUFacts", "doctor", "findings", "gather_facts", "platform_name"]
@@ -37,24 +37,6 @@ _PACKAGES = {
     "ipyparallel": "notebook 01b (the `interactive` extra)",
     "scikit-learn": "notebook 08 (the `capstone` extra)",
 }
-#: The environment fix printed when NCCL hangs (and tried by the doctor itself).
-P2P_FIX = "NCCL_P2P_DISABLE=1"
-
-
-@dataclass(frozen=True)
-class GPUFacts:
-    """One GPU as the probe child saw it."""
-
-    index: int
-    name: str
-    capability: tuple[int, int]
-    memory_bytes: int
-
-    @property
-    def native_bf16(self) -> bool:
-        """bf16 in hardware: compute capability 8.0 (Ampere) and later — torch's own rule in
-        ``torch.cuda.is_bf16_supported(including_emulation=False)``. A T4 (7.5) only emulates it."""
-        return self.capability >= (8, 0)
 
 
 @dataclass(frozen=True)
@@ -109,96 +91,7 @@ def _default_start_method() -> str:
         return "unknown"
 
 
-# --- reading the machine (children for everything that touches CUDA) ----------------------------------
-
-_PROBE = r"""
-import json, torch
-out = {"gpus": [], "peer": []}
-n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-for i in range(n):
-    p = torch.cuda.get_device_properties(i)
-    out["gpus"].append([i, p.name, [p.major, p.minor], int(p.total_memory)])
-for i in range(n):
-    for j in range(n):
-        if i != j:
-            out["peer"].append([i, j, bool(torch.cuda.can_device_access_peer(i, j))])
-print("PROBE " + json.dumps(out))
-"""
-
-_NCCL = r"""
-import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
-def work(rank, world, port, backend):
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    device = torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    x = torch.ones(1 << 20, device=device) * (rank + 1)
-    dist.all_reduce(x)
-    assert x[0].item() == world * (world + 1) / 2, x[0].item()
-    dist.destroy_process_group()
-if __name__ == "__main__":
-    port, backend, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    mp.spawn(work, args=(n, port, backend), nprocs=n)
-    print("ALL-REDUCE OK")
-"""
-
-
-def _run_child(code: str, args: list[str], timeout_s: float, env: dict[str, str] | None = None):
-    """Run ``code`` as a script file in a fresh Python; ``(returncode or None on timeout, output)``.
-
-    A file, not ``python -c``: ``mp.spawn``'s children must import the worker function from ``__main__``,
-    which they can only do from a file. No process outlives this call; the file is removed.
-    """
-    import tempfile
-
-    from .processes import stop_processes, temp_prefix
-
-    with tempfile.TemporaryDirectory(prefix=temp_prefix("doctor")) as folder:
-        script = os.path.join(folder, "probe.py")
-        with open(script, "w") as f:
-            f.write(code)
-        proc = subprocess.Popen(
-            [sys.executable, script, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            return proc.returncode, out
-        except subprocess.TimeoutExpired:
-            return None, ""
-        finally:
-            if proc.poll() is None:
-                stop_processes([proc], grace_s=2.0)
-                proc.communicate()
-
-
-def _probe_gpus(timeout_s: float) -> tuple[tuple[GPUFacts, ...], dict[tuple[int, int], bool], str | None]:
-    code, out = _run_child(_PROBE, [], timeout_s)
-    line = next((ln for ln in out.splitlines() if ln.startswith("PROBE ")), None)
-    if code != 0 or line is None:
-        why = "timed out" if code is None else (out.strip().splitlines() or ["no output"])[-1]
-        return (), {}, f"the GPU probe failed ({why})"
-    data = json.loads(line[len("PROBE ") :])
-    gpus = tuple(GPUFacts(i, name, (cc[0], cc[1]), mem) for i, name, cc, mem in data["gpus"])
-    return gpus, {(i, j): ok for i, j, ok in data["peer"]}, None
-
-
-def _nccl_smoke(timeout_s: float, n_gpus: int) -> str:
-    from .processes import free_port
-
-    args = lambda: [str(free_port()), "nccl", str(n_gpus)]  # noqa: E731 - a fresh port per try
-    code, out = _run_child(_NCCL, args(), timeout_s)
-    if code == 0 and "ALL-REDUCE OK" in out:
-        return "ok"
-    if code is not None:
-        return "error: " + ((out.strip().splitlines() or ["no output"])[-1])[:200]
-    code, out = _run_child(_NCCL, args(), timeout_s, env={"NCCL_P2P_DISABLE": "1"})
-    return f"ok with {P2P_FIX}" if code == 0 and "ALL-REDUCE OK" in out else "hang"
+# --- reading the machine (children for everything that touches CUDA: hardware.probes) -------------
 
 
 def gather_facts(nccl_timeout_s: float = 60.0) -> Facts:
@@ -219,9 +112,9 @@ def gather_facts(nccl_timeout_s: float = 60.0) -> Facts:
     cuda_build = getattr(getattr(torch, "version", None), "cuda", None)
     dist_ok = torch is not None and torch.distributed.is_available()
     if torch is not None and _cuda_usable(allow_cuda_init=False):  # fork-safe: CUDA stays untouched here
-        gpus, peer, error = _probe_gpus(timeout_s=60.0)
+        gpus, peer, error = probe_gpus(timeout_s=60.0)
         if len(gpus) >= 2 and dist_ok and torch.distributed.is_nccl_available():
-            smoke = _nccl_smoke(nccl_timeout_s, len(gpus))
+            smoke = nccl_smoke(nccl_timeout_s, len(gpus))
     return Facts(
         platform=platform_name(),
         python=sys.version_info[:2],

@@ -10,6 +10,7 @@ import pytest
 
 from mgpu_helpers import doctor as doc
 from mgpu_helpers.doctor import Facts, GPUFacts, findings, platform_name
+from mgpu_helpers.hardware import probes
 
 T4 = ("Tesla T4", (7, 5), 15 * 2**30)
 A100 = ("NVIDIA A100-SXM4-80GB", (8, 0), 80 * 2**30)
@@ -123,15 +124,15 @@ def test_probe_output_is_parsed_into_gpu_facts(monkeypatch):
         'noise\nPROBE {"gpus": [[0, "Tesla T4", [7, 5], 16], [1, "Tesla T4", [7, 5], 16]], '
         '"peer": [[0, 1, false], [1, 0, false]]}\n'
     )
-    monkeypatch.setattr(doc, "_run_child", lambda code, args, timeout_s, env=None: (0, printed))
-    gpus, peer, error = doc._probe_gpus(5)
+    monkeypatch.setattr(probes, "run_child", lambda code, args, timeout_s, env=None: (0, printed))
+    gpus, peer, error = probes.probe_gpus(5)
     assert (
         error is None
         and [g.capability for g in gpus] == [(7, 5), (7, 5)]
         and peer == {(0, 1): False, (1, 0): False}
     )
-    monkeypatch.setattr(doc, "_run_child", lambda code, args, timeout_s, env=None: (None, ""))
-    assert doc._probe_gpus(5) == ((), {}, "the GPU probe failed (timed out)")
+    monkeypatch.setattr(probes, "run_child", lambda code, args, timeout_s, env=None: (None, ""))
+    assert probes.probe_gpus(5) == ((), {}, "the GPU probe failed (timed out)")
 
 
 @pytest.mark.parametrize(
@@ -150,14 +151,15 @@ def test_a_hanging_nccl_all_reduce_is_retried_with_p2p_disabled(monkeypatch, ans
         calls.append(env)
         return answers[len(calls) - 1]
 
-    monkeypatch.setattr(doc, "_run_child", fake)
-    assert doc._nccl_smoke(1.0, 2) == expected
+    monkeypatch.setattr(probes, "run_child", fake)
+    assert probes.nccl_smoke(1.0, 2) == expected
     assert calls[1:] in ([], [{"NCCL_P2P_DISABLE": "1"}])
 
 
 def test_a_child_that_hangs_is_stopped_at_its_deadline():
     start = time.monotonic()
-    code, out = doc._run_child("import time; print('started', flush=True); time.sleep(60)", [], timeout_s=2.0)
+    hangs = "import time; print('started', flush=True); time.sleep(60)"
+    code, out = probes.run_child(hangs, [], timeout_s=2.0)
     assert code is None and time.monotonic() - start < 30
 
 
@@ -187,5 +189,5 @@ def test_the_all_reduce_smoke_script_really_runs_its_ranks():
     (``python -c`` could not: "Can't get attribute 'work' on <module '__main__'>")."""
     from mgpu_helpers.processes import free_port
 
-    code, out = doc._run_child(doc._NCCL, [str(free_port()), "gloo", "2"], timeout_s=120)
+    code, out = probes.run_child(probes.NCCL_SCRIPT, [str(free_port()), "gloo", "2"], timeout_s=120)
     assert code == 0 and "ALL-REDUCE OK" in out, out[-2000:]

@@ -163,11 +163,15 @@ def test_the_course_maps_extras_are_pyprojects():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_install_cell_is_the_one_the_course_map_generates(path):
+def test_badges_and_install_cell_are_the_ones_the_course_map_generates(path):
     from mgpu_helpers.course import NOTEBOOKS as COURSE
 
     entry = next(nb for nb in COURSE if nb.file == path.name)
-    first = next(c for c in _load(path)["cells"] if c["cell_type"] == "code")
+    cells = _load(path)["cells"]
+    assert entry.badges() in _src(cells[0]).splitlines(), (
+        "the title cell lacks its Colab and Kaggle badges: run `python tools/update_readme.py`"
+    )
+    first = next(c for c in cells if c["cell_type"] == "code")
     assert _src(first) == entry.install_cell(), (
         "run `python tools/update_readme.py` (it rewrites install cells)"
     )
