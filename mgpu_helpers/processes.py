@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import random
 import re
 import shutil
 import signal
@@ -25,15 +26,44 @@ from typing import Any
 LOOPBACK = "127.0.0.1"
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it).
+#: free_port draws from [PORT_FLOOR, start of the OS's ephemeral range): outside the range from which
+#: every outgoing connection and every bind to port 0 takes a port (torchrun's default 29500 sits there
+#: for the same reason).
+PORT_FLOOR = 20000
+_PORTS = random.Random()  # seeded by the OS: a notebook's random.seed(0) must not make two kernels agree
 
-    Another process may take it before you bind it; callers that start a server on it should retry
-    with a new port if binding fails.
+
+def _ephemeral_start() -> int:
+    """First port of the OS's ephemeral range (Linux: /proc; elsewhere Linux's default, 32768, which is
+    below macOS's and Windows' 49152)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now, drawn at random below the ephemeral range.
+
+    Between this call and the moment a server binds the port, another process could take it. A port the
+    OS hands out (port 0) comes from the ephemeral range, as does the local port of every outgoing
+    connection — on a busy machine (gloo meshes, Ray, Jupyter kernels) one of those can land on it. Below
+    that range only a process that asks for that very port can; the OS's pick is the fallback when the
+    range leaves no room below it. Servers should still retry with a new port if binding fails.
     """
     if not isinstance(host, str) or not host:
         raise TypeError(f"host must be an address string such as '127.0.0.1', not {host!r}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    top = _ephemeral_start()
+    for _ in range(50 if top - PORT_FLOOR >= 1000 else 0):
+        port = _PORTS.randrange(PORT_FLOOR, top)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # in use (or in TIME_WAIT): draw again
+                continue
+            return port
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -1,6 +1,7 @@
 """processes: free ports, loopback checks, stopping process trees, children that die with their parent."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import psutil
 import pytest
 from _scripts import HANG_DEADLINE_S, wait_until
 
+from mgpu_helpers import processes
 from mgpu_helpers.processes import (
     LOOPBACK,
     descendants,
@@ -25,11 +27,42 @@ from mgpu_helpers.processes import (
 )
 
 
-def test_free_port_can_be_bound_on_loopback():
+def test_free_port_can_be_bound_on_loopback_and_lies_below_the_ephemeral_range():
     port = free_port()
     with socket.socket() as s:
         s.bind((LOOPBACK, port))
         assert s.getsockname() == (LOOPBACK, port)
+    assert processes.PORT_FLOOR <= port < processes._ephemeral_start()
+
+
+def test_free_port_skips_a_port_in_use_and_ignores_the_global_random_seed(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        busy = taken.getsockname()[1]
+        real, drawn = processes._PORTS.randrange, []
+
+        def first_the_busy_port(low, high):
+            drawn.append(busy if not drawn else real(low, high))
+            return drawn[-1]
+
+        monkeypatch.setattr(processes._PORTS, "randrange", first_the_busy_port)
+        monkeypatch.setattr(processes, "_ephemeral_start", lambda: 65535)
+        assert free_port() != busy and drawn[0] == busy  # drawn first, in use, skipped
+    monkeypatch.undo()
+    picks = set()
+    for _ in range(3):
+        random.seed(0)  # what a notebook may do: two kernels must still not draw the same ports
+        picks.add(free_port())
+    assert len(picks) > 1
+
+
+def test_free_port_falls_back_to_the_os_pick_when_nothing_lies_below_the_range(monkeypatch):
+    ephemeral = processes._ephemeral_start()
+    monkeypatch.setattr(processes, "_ephemeral_start", lambda: processes.PORT_FLOOR + 10)
+    port = free_port()
+    assert port >= ephemeral  # the OS's pick, from its ephemeral range
+    with socket.socket() as s:
+        s.bind((LOOPBACK, port))
 
 
 @pytest.mark.parametrize(
