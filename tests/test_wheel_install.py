@@ -42,6 +42,10 @@ def _preinstall(venv_python: pathlib.Path, folder: pathlib.Path) -> None:
         if dist.metadata["Name"].lower() in seen | {"setuptools"}:  # the venv brings its own setuptools
             continue
         seen.add(dist.metadata["Name"].lower())
+        assert dist.files, (  # else pip would install the package itself: for torch, the CUDA build
+            f"{dist.metadata['Name']} lists no files (installed without a RECORD, e.g. by conda): "
+            "run this test from a pip-installed environment"
+        )
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
             if not top.endswith(".pth") and not (folder / top).exists():
                 (folder / top).symlink_to(dist.locate_file(top))
