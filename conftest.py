@@ -18,7 +18,7 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     _retry_kernel_start_up()
     if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order pytest_collection_modifyitems sets
-        config.option.loadscopereorder = False
+        config.option.loadscopereorder = False  # (also over an explicit --loadscope-reorder)
 
 
 #: How many times nbval may start a notebook's kernel when it dies before running any cell.
@@ -53,7 +53,9 @@ def retrying_start_up(start):
             with tempfile.TemporaryFile("w+") as stderr:  # the kernel holds its own copy of the file
                 try:
                     return start(*args, **{**kwargs, "stderr": stderr})
-                except RuntimeError as exc:  # "Kernel died before replying to kernel_info"
+                except RuntimeError as exc:
+                    if "died" not in str(exc):  # "Kernel didn't respond in 60 seconds": not a port race
+                        raise
                     stderr.seek(0)
                     errors.append(f"{exc}; the kernel's stderr:\n{stderr.read()[-2000:]}")
         summary = f"the kernel died at start-up {KERNEL_START_ATTEMPTS} times:\n"
@@ -139,6 +141,7 @@ def _rank(item: pytest.Item) -> int:
     return _LONG_FILES.index(path) if path in _LONG_FILES else len(_LONG_FILES)
 
 
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect: see only the items that will run
 def pytest_collection_modifyitems(session, config, items):
     """Move the long files to the front, longest first (a stable sort: every other item keeps its
     order; ``pytest_configure`` turns off xdist's reordering by test count, which put the one-test

@@ -43,8 +43,9 @@ def torchrun_ready_shell() -> int:
     * The returned port was free a moment ago; pass it as ``--master-port``. (Two jobs must not share
       a port; ``torchrun``'s default, 29500, clashes as soon as a second job runs.)
 
-    Only this kernel's ``os.environ`` changes, which the shell of every later ``!`` command inherits
-    (the kernel's own ``tempfile`` keeps the temp dir it had).
+    Only this kernel's ``os.environ`` changes, which the shell of every later ``!`` command (and every
+    process the kernel starts later) inherits; the kernel's own ``tempfile`` keeps the temp dir it had.
+    A kernel stopped with SIGKILL (nbval does) runs no exit handler: its folder goes at the next call.
     """
     bin_dir = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "").split(os.pathsep)

@@ -26,11 +26,12 @@ from typing import Any
 LOOPBACK = "127.0.0.1"
 
 
-#: free_port draws from [PORT_FLOOR, start of the OS's ephemeral range): outside the range from which
-#: every outgoing connection and every bind to port 0 takes a port (torchrun's default 29500 sits there
-#: for the same reason).
-PORT_FLOOR = 20000
-_PORTS = random.Random()  # seeded by the OS: a notebook's random.seed(0) must not make two kernels agree
+#: free_port draws from [PORT_FLOOR, PORT_CEILING), below the OS's ephemeral range, from which every
+#: outgoing connection and every bind to port 0 takes a port; below Kubernetes' NodePorts (30000-32767),
+#: and never within TORCHRUN_PORTS of torchrun's default 29500 (a job started by hand in a terminal).
+PORT_FLOOR, PORT_CEILING = 20000, 30000
+TORCHRUN_PORTS = range(29400, 29601)
+_PORTS = random.SystemRandom()  # the OS's randomness: no seed a notebook sets, no state a fork copies
 
 
 def _ephemeral_start() -> int:
@@ -44,7 +45,8 @@ def _ephemeral_start() -> int:
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now, drawn at random below the ephemeral range.
+    """A TCP port that is free on ``host`` right now, drawn at random below the ephemeral range (see
+    PORT_FLOOR).
 
     Between this call and the moment a server binds the port, another process could take it. A port the
     OS hands out (port 0) comes from the ephemeral range, as does the local port of every outgoing
@@ -55,9 +57,11 @@ def free_port(host: str = LOOPBACK) -> int:
     if not isinstance(host, str) or not host:
         raise TypeError(f"host must be an address string such as '127.0.0.1', not {host!r}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    top = _ephemeral_start()
+    top = min(_ephemeral_start(), PORT_CEILING)
     for _ in range(50 if top - PORT_FLOOR >= 1000 else 0):
         port = _PORTS.randrange(PORT_FLOOR, top)
+        if port in TORCHRUN_PORTS:
+            continue
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))

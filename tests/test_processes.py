@@ -32,10 +32,11 @@ def test_free_port_can_be_bound_on_loopback_and_lies_below_the_ephemeral_range()
     with socket.socket() as s:
         s.bind((LOOPBACK, port))
         assert s.getsockname() == (LOOPBACK, port)
-    assert processes.PORT_FLOOR <= port < processes._ephemeral_start()
+    assert processes.PORT_FLOOR <= port < min(processes._ephemeral_start(), processes.PORT_CEILING)
+    assert port not in processes.TORCHRUN_PORTS
 
 
-def test_free_port_skips_a_port_in_use_and_ignores_the_global_random_seed(monkeypatch):
+def test_free_port_skips_a_port_in_use_and_differs_across_seeds_and_forks(monkeypatch):
     with socket.socket() as taken:
         taken.bind((LOOPBACK, 0))
         busy = taken.getsockname()[1]
@@ -54,6 +55,17 @@ def test_free_port_skips_a_port_in_use_and_ignores_the_global_random_seed(monkey
         random.seed(0)  # what a notebook may do: two kernels must still not draw the same ports
         picks.add(free_port())
     assert len(picks) > 1
+    children = []  # forked children (a grader's job, a launcher's worker) must not repeat each other
+    for _ in range(3):
+        read, write = os.pipe()
+        if os.fork() == 0:
+            os.write(write, str(free_port()).encode())
+            os._exit(0)
+        os.close(write)
+        children.append(int(os.read(read, 16)))
+        os.close(read)
+        os.wait()
+    assert len(set(children)) > 1, children
 
 
 def test_free_port_falls_back_to_the_os_pick_when_nothing_lies_below_the_range(monkeypatch):

@@ -5,6 +5,7 @@ notebook that needs one installs its extra itself)."""
 
 import importlib.metadata
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -18,8 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["00_setup.ipynb", "01_nodes_and_gpus.ipynb"]
 
 
-def _run(cmd, cwd, timeout=600):
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(cmd, cwd, timeout=600, env=None):
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, (
         f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
@@ -39,7 +40,7 @@ def _preinstall(venv_python: pathlib.Path, folder: pathlib.Path) -> None:
     seen, todo = set(), list(PREINSTALLED)
     while todo:
         dist = importlib.metadata.distribution(todo.pop())
-        if dist.metadata["Name"].lower() in seen | {"setuptools"}:  # the venv brings its own setuptools
+        if dist.metadata["Name"].lower() in seen | {"setuptools"}:  # the venv's own, or the wheel's (3.12+)
             continue
         seen.add(dist.metadata["Name"].lower())
         assert dist.files, (  # else pip would install the package itself: for torch, the CUDA build
@@ -55,6 +56,15 @@ def _preinstall(venv_python: pathlib.Path, folder: pathlib.Path) -> None:
                 todo.append(requirement.name)
     site = _run([venv_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=folder)
     (pathlib.Path(site.strip()) / "preinstalled.pth").write_text(f"{folder}\n")
+
+
+def _venv_path(python: pathlib.Path) -> dict[str, str]:
+    """This environment with the venv's bin first on PATH and this environment's bin gone, so that a
+    command a notebook types (``!torchrun``, ``!pip``) can only find the venv's (the linked packages
+    bring no scripts: ``python -m torch.distributed.run`` is the way there)."""
+    outer = os.path.dirname(sys.executable)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != outer]
+    return {**os.environ, "PATH": os.pathsep.join([str(python.parent), *path])}
 
 
 def test_the_wheel_in_a_fresh_venv_with_ipywidgets_7_runs_notebooks_00_and_01(tmp_path):
@@ -117,6 +127,7 @@ def test_the_wheel_in_a_fresh_venv_with_ipywidgets_7_runs_notebooks_00_and_01(tm
                 *NOTEBOOKS,
             ],
             cwd=work,
+            env=_venv_path(python),
         )
         assert " passed" in out.splitlines()[-1] and "failed" not in out.splitlines()[-1], out[-2000:]
     finally:
