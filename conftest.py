@@ -1,7 +1,11 @@
-"""Repository-wide pytest checks: no test, and no run as a whole, may leave a process behind."""
+"""Repository-wide pytest checks: no test, and no run as a whole, may leave a process behind; the test
+process and every notebook kernel run in the state a GPU machine creates (autograd owns a thread, so a
+forked child's backward fails: tests/_gpu_conditions.py)."""
 
+import runpy
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,10 +20,17 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+    runpy.run_path(str(GPU_CONDITIONS))["start_autograd_thread"]()
     _retry_kernel_start_up()
     if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order pytest_collection_modifyitems sets
         config.option.loadscopereorder = False  # (also over an explicit --loadscope-reorder)
 
+
+#: Puts a process in a GPU machine's state (beside this file in the wheel-install test's copy).
+_PLACES = (Path(__file__).parent / "tests", Path(__file__).parent)
+GPU_CONDITIONS = next(p / "_gpu_conditions.py" for p in _PLACES if (p / "_gpu_conditions.py").exists())
+#: Sent to every notebook kernel before its first cell; it leaves no name in the notebook's namespace.
+KERNEL_GPU_CONDITIONS = f"__import__('runpy').run_path({str(GPU_CONDITIONS)!r})['start_autograd_thread']()"
 
 #: How many times nbval may start a notebook's kernel when it dies before running any cell.
 KERNEL_START_ATTEMPTS = 3
@@ -40,7 +51,26 @@ def _retry_kernel_start_up() -> None:
     except ImportError:  # nbval is a test extra; without it no notebook is collected
         return
     if not getattr(nbval.kernel.start_new_kernel, "retries_start_up", False):
-        nbval.kernel.start_new_kernel = retrying_start_up(nbval.kernel.start_new_kernel)
+        nbval.kernel.start_new_kernel = in_gpu_conditions(retrying_start_up(nbval.kernel.start_new_kernel))
+
+
+def in_gpu_conditions(start):
+    """``start`` (a kernel starter returning ``(manager, client)``), then autograd's thread started in the
+    kernel, as a GPU machine's first backward does: any code that forks the kernel and runs autograd in
+    the child fails in CI as it would on Colab."""
+
+    def start_new_kernel(*args, **kwargs):
+        km, kc = start(*args, **kwargs)
+        reply = kc.execute_interactive(KERNEL_GPU_CONDITIONS, silent=True, store_history=False, timeout=120)
+        if reply["content"]["status"] != "ok":
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise RuntimeError(f"could not put the kernel in GPU-machine conditions: {reply['content']}")
+        return km, kc
+
+    start_new_kernel.retries_start_up = True
+    start_new_kernel.__wrapped__ = getattr(start, "__wrapped__", start)  # nbval's own starter
+    return start_new_kernel
 
 
 def retrying_start_up(start):
@@ -64,6 +94,7 @@ def retrying_start_up(start):
     start_new_kernel.retries_start_up = True
     start_new_kernel.__wrapped__ = start
     return start_new_kernel
+
 
 # Python's multiprocessing starts one resource-tracker process per interpreter the first time 'spawn'
 # or 'forkserver' is used; it belongs to the interpreter and exits with it, so it is not a leak.
@@ -170,4 +201,3 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nERROR: processes left running after the tests: {_describe(left)}")
         stop_processes(left, grace_s=1.0)
         session.exitstatus = 1
-

@@ -25,9 +25,10 @@ Run ``python -m mgpu_helpers`` to see this machine and what each notebook will d
 import os as _os
 
 # ``torch.cuda.is_available()`` then asks NVML instead of initialising the CUDA driver API, which would
-# leave later *forked* workers unable to use CUDA ("Cannot re-initialize CUDA in forked subprocess")
-# even though ``torch.cuda.is_initialized()`` stays False. The course's launcher forks; this keeps an
-# innocent ``is_available()`` in a notebook cell from breaking it. (PyTorch's own switch; see
+# leave later *forked* processes unable to use CUDA ("Cannot re-initialize CUDA in forked subprocess")
+# even though ``torch.cuda.is_initialized()`` stays False. The course's launcher never forks the kernel
+# (mgpu_helpers.launching.server), but DataLoader workers and students' own code may; this keeps an
+# innocent ``is_available()`` in a notebook cell from breaking them. (PyTorch's own switch; see
 # torch/cuda/__init__.py.)
 _os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 

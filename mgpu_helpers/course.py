@@ -463,7 +463,8 @@ MODULES: dict[str, str] = {
     "models": "small models (MLP, CNN, RNN, transformer) and the one parameter-bytes count",
     "memory": "exact memory accounting by category (tracker, virtual devices), the one analytic "
     "estimator, memory plots and the live memory panel",
-    "launching": "run a function on N processes from a notebook (`launch`), real torchrun jobs "
+    "launching": "run a function on N processes from a notebook (`launch`: ranks from a forkserver, the "
+    "function sent by value, never a fork of the kernel), real torchrun jobs "
     "(`run_torchrun`) and the torchrun worker",
     "pipeline": "pipeline schedules (simulator), stages as real processes, measured timelines",
     "data_parallel": "nn.DataParallel rebuilt over virtual devices, DataLoader sweeps",

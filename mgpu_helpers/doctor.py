@@ -6,7 +6,7 @@ Three steps, so that every GPU branch can be tested on a machine without one:
 
 * :func:`gather_facts` reads the machine. GPU questions (names, compute capability, peer access) are
   asked in a **child process** (:mod:`mgpu_helpers.hardware.probes`): asking them here would initialise
-  CUDA in the notebook's kernel, after which the course's launcher can no longer fork workers. With two
+  CUDA in the notebook's kernel, which then holds GPU memory and cannot fork CUDA workers. With two
   or more GPUs, a child also runs an NCCL all-reduce with a deadline and, if it hangs, runs it again
   with ``NCCL_P2P_DISABLE=1`` (the usual cure on machines whose GPUs cannot reach each other directly,
   such as some 2 × T4 hosts).
@@ -249,7 +249,8 @@ def findings(f: Facts) -> list[Finding]:
             "start method",
             "ok" if f.start_method == "fork" else "note",
             f"multiprocessing's default here is {f.start_method!r}",
-            "the course's launcher asks for fork itself, so functions defined in a notebook work"
+            "the course's launcher starts its ranks from its own forkserver and never forks the kernel, so "
+            "functions defined in a notebook work, also after the kernel ran backward() or used CUDA"
             + (
                 ""
                 if f.start_method == "fork"
@@ -277,10 +278,10 @@ def findings(f: Facts) -> list[Finding]:
         rows.append(
             Finding(
                 "this kernel",
-                "warn",
+                "note",
                 "CUDA is already initialised in this kernel",
-                "restart the kernel before a notebook that launches processes: forked workers "
-                "cannot use CUDA after that, and the launcher stops with this advice",
+                "fine for the course's launcher (it never forks the kernel); a DataLoader with workers "
+                "forked from this kernel must not use CUDA in them",
             )
         )
     for name, version in f.packages.items():

@@ -17,7 +17,7 @@ RESULT_LINE = re.compile(r"^RESULT( [a-z0-9_]+=(-?[0-9.]+(e[-+]?[0-9]+)?|nan|inf
 
 
 def test_every_benchmark_is_found():
-    assert {p.stem for p in BENCHMARKS} >= {"amp", "ddp", "memory_tracker", "pipeline", "tuning"}
+    assert {p.stem for p in BENCHMARKS} >= {"amp", "ddp", "launch", "memory_tracker", "pipeline", "tuning"}
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)

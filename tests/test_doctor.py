@@ -99,8 +99,9 @@ def test_python_314_forkserver_and_a_kernel_with_cuda_initialised():
         and "forkserver" in start.fact
         and "multiprocessing_context='fork'" in start.action
     )
+    assert "never forks the kernel" in start.action
     kernel = row(rows, "this kernel")
-    assert kernel.status == "warn" and "restart the kernel" in kernel.action
+    assert kernel.status == "note" and "never forks the kernel" in kernel.action
 
 
 def test_a_failed_probe_old_python_and_missing_packages_are_findings():

@@ -113,7 +113,8 @@ def test_the_wheel_in_a_fresh_venv_with_ipywidgets_7_runs_notebooks_00_and_01(tm
 
         for name in NOTEBOOKS:  # copied out of the repository: only the wheel can provide mgpu_helpers
             shutil.copy(ROOT / "notebooks" / name, work / name)
-        shutil.copy(ROOT / "conftest.py", work)  # CI's checks: kernel start-up retry, no process left
+        shutil.copy(ROOT / "conftest.py", work)  # CI's checks: kernel start-up retry, no process left,
+        shutil.copy(ROOT / "tests" / "_gpu_conditions.py", work)  # a GPU machine's state in every kernel
         out = _run(
             [
                 python,

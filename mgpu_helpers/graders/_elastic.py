@@ -1,19 +1,21 @@
 """Used by the graders of notebook 04d: run a function on 2 workers under torchelastic's own agent
 (``LocalElasticAgent``, what ``torchrun`` runs) with one restart allowed, from a notebook kernel.
 
-The agent is started by :func:`torch.distributed.launcher.api.elastic_launch` in a *forked* child of the
-kernel (the agent installs SIGTERM/SIGINT handlers, which must not land in the kernel), and its workers
-fork from it, so functions defined in the notebook run as they are — no script, no fresh Pythons. The job
+The agent is started by :func:`torch.distributed.launcher.api.elastic_launch` in a child of the package's
+forkserver (:mod:`mgpu_helpers.launching.server`: never a fork of the kernel, which breaks autograd on GPU
+machines; and the agent installs SIGTERM/SIGINT handlers, which must not land in the kernel). The
+student's function travels to it by value, and its workers fork from the agent, which never ran autograd —
+so functions defined in the notebook run as they are, no script needed. The job
 sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (notebook 04d, section 2, says why), keeps every store and
 socket on loopback (:mod:`mgpu_helpers.launching.loopback`), makes the agent host its own rendezvous store
 (a port taken since :func:`~mgpu_helpers.processes.free_port` is retried, never joined), ties the agent to
-the kernel and the workers to the agent (``PR_SET_PDEATHSIG``), and stops every process before returning.
+the kernel (:func:`~mgpu_helpers.launching.server.die_with`) and the workers to the agent
+(``PR_SET_PDEATHSIG``), and stops every process before returning.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import pickle
 import re
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from ..exercises import Wrong
+from ..launching import server
 from ..launching.loopback import bind_stores_to_loopback, loopback_env
 from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes
 
@@ -36,24 +39,22 @@ __all__ = ["elastic_job"]
 _TRY_S, _TRIES = 20.0, 3
 
 
-def _tied_to(parent: int) -> None:
-    """In a child: SIGKILL when ``parent`` dies; exit now if it already has."""
-    die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def _in_worker(agent: int, fn: Callable[..., Any], *args: Any) -> Any:
-    _tied_to(agent)
+    """In a worker forked by the agent: SIGKILL when the agent dies; exit now if it already has."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != agent:
+        os._exit(1)
     torch.set_num_threads(1)
     return fn(*args)
 
 
-def _agent(worker: Callable[..., Any], args: tuple[Any, ...], folder: str, kernel: int) -> None:
-    """Runs in a forked child of the kernel: one LocalElasticAgent, 2 workers, one restart allowed."""
-    _tied_to(kernel)
+def _agent(payload: bytes, state: dict[str, Any], folder: str) -> None:
+    """Runs in a forkserver child: one LocalElasticAgent, 2 workers, one restart allowed."""
+    server.die_with(state)
+    server.adopt(state)
     result: tuple[str, Any]
     try:
+        worker, args = server.unpack(payload)
         log = open(os.path.join(folder, "agent.log"), "w")  # noqa: SIM115 - lives until os._exit
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -110,20 +111,15 @@ def elastic_job(
     forks never starts (a lock held by one of the agent's threads at the moment of the fork — the hazard
     of forking a threaded process), and the job would wait forever. A normal job takes about 2 s.
     """
-    if torch.cuda.is_initialized():
-        raise Wrong(
-            "CUDA is initialised in this kernel, and the grader's forked processes could not use it: "
-            "restart the kernel and run the exercise cells before any cell that touches the GPU."
-        )
+    payload = server.pack(worker, args)
     for _ in range(_TRIES):
         if fresh is not None:
             _empty(fresh)
         with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-            proc = multiprocessing.get_context("fork").Process(
-                target=_agent, args=(worker, args, folder, os.getpid())
-            )
+            proc = server.context().Process(target=_agent, args=(payload, server.snapshot(), folder))
             try:
-                proc.start()
+                with server.no_main_import():
+                    proc.start()
                 proc.join(_TRY_S)
                 timed_out = proc.is_alive()
             finally:

@@ -4,9 +4,8 @@ the repair of a training loop that is not restart-safe (04d.2).
 Each grader first runs a cheap check that catches the usual mistakes in a second or two, and only code
 that passes it goes on to one real **elastic** job: torchelastic's ``LocalElasticAgent`` (what torchrun
 runs) with 2 gloo workers, ``--max-restarts=1`` and a c10d rendezvous on 127.0.0.1, in which a worker dies
-once. The agent is started by :func:`torch.distributed.launcher.api.elastic_launch` in a *forked* child of
-the kernel (the agent installs SIGTERM/SIGINT handlers, which must not land in the kernel), and its workers
-fork from it, so functions defined in the notebook run as they are — no script, no fresh Pythons.
+once. The agent runs in a child of the launcher's forkserver and its workers fork from the agent
+(:mod:`~mgpu_helpers.graders._elastic`), so functions defined in the notebook run as they are — no script.
 
 **04d.1.** In the kernel: train 2 epochs of a float64 MLP with Dropout, AdamW and a per-step ``LambdaLR``,
 ``save_snapshot``, build a fresh model, optimizer and scheduler (the global RNG re-seeded, as in a new
@@ -16,7 +15,7 @@ elastic job: rank 1 dies at the start of epoch 2, both workers restart and resum
 the final weights are compared with the same single-process computation (the two ranks draw the same
 Dropout masks: they seed alike).
 
-**04d.2.** In 2 forked ranks (:func:`~mgpu_helpers.graders._ranks.run_ranks`): ``train(epochs=4)`` (the
+**04d.2.** In 2 ranks (:func:`~mgpu_helpers.graders._ranks.run_ranks`): ``train(epochs=4)`` (the
 reference), and ``train(epochs=1)`` followed by ``train(epochs=4)`` on the same path with a fresh model (it
 must resume at epoch 1 with the reference's batches and weights). Then the elastic job, where rank 0's
 first attempt dies while writing its **second** snapshot, whatever route the write takes (``torch.save``
@@ -356,7 +355,7 @@ def _compare_042(seen: list[list[int]], final: list[float], reference: dict[str,
     "run would have drawn in that epoch?",
 )
 def grade_restart_safe(train: Callable[..., Any]) -> str:
-    """A resume without a crash in forked ranks first, then an elastic job that dies mid-save."""
+    """A resume without a crash in 2 ranks first, then an elastic job that dies mid-save."""
     if not callable(train):
         raise Wrong(f"pass the function train itself, not {type(train).__name__}")
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:

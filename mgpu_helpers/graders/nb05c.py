@@ -268,7 +268,7 @@ def _export_rank(rank: int, world_size: int, export: Callable[..., Any], path: s
         saves.append(1)
         real_save(*args, **kwargs)
 
-    torch.save = counting_save  # this forked rank's own torch: count the files it writes
+    torch.save = counting_save  # this rank's own torch: count the files it writes
     try:
         export(model, path)
     finally:

@@ -1,7 +1,7 @@
 """Used by notebook 07b's exercises: the repair of a distributed function that hangs when ranks have
 different numbers of batches (07b.1), and a function that finds where a running call is stuck (07b.2).
 
-07b.1 runs the student's function on 2 real gloo processes (:func:`mgpu_helpers.launching.launch`, fork)
+07b.1 runs the student's function on 2 real gloo processes (:func:`mgpu_helpers.launching.launch`)
 with a 2-second collective timeout, so an attempt that still hangs fails within seconds, and compares
 every rank's answer with the mean computed here. 07b.2 calls the student's function on functions defined
 in this module that block at known lines (a sleep, an event wait, both nested a few calls deep) and on

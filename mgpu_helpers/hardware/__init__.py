@@ -13,8 +13,9 @@ and every answer (or failure) is kept as a sentence in ``NodeInfo.sources``:
 
 Fork safety
 -----------
-Notebooks that start workers with ``start_method="fork"`` break as soon as the parent process
-has touched CUDA ("Cannot re-initialize CUDA in forked subprocess"). In PyTorch:
+Code that forks worker processes (a DataLoader's workers, a student's own ``fork``; the course's launcher
+never forks the kernel) breaks as soon as the parent process has touched CUDA ("Cannot re-initialize
+CUDA in forked subprocess"). In PyTorch:
 
 * ``torch.cuda.get_device_properties`` and ``torch.cuda.get_device_name`` (which calls it) run
   ``torch.cuda._lazy_init()`` and create the CUDA context.

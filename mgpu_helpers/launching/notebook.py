@@ -1,5 +1,5 @@
-"""Used by notebooks 02a, 02b, 04a, 04b, 05b and 07b (and by :mod:`mgpu_helpers.pipeline` and the
-graders): run a function on N processes from a notebook and get each
+"""Used by notebooks 02a, 02b, 02c, 04a, 04b, 04c, 05b, 05c, 07b, 07c and 08 (and by
+:mod:`mgpu_helpers.pipeline` and the graders): run a function on N processes from a notebook and get each
 rank's return value back.
 
     from mgpu_helpers.launching import launch
@@ -14,29 +14,34 @@ rank's return value back.
 Built on PyTorch's own launcher, :func:`torch.multiprocessing.start_processes` (what ``mp.spawn``
 calls); this module only adds what a notebook needs around it:
 
-* **fork when it is safe** — a function defined in a notebook lives in ``__main__`` and cannot be
-  pickled for ``spawn`` ("Can't get attribute … on <module '__main__'>"); a forked child simply
-  inherits it. Forking after CUDA is initialised breaks CUDA in the child, so then ``spawn`` is used,
-  and a notebook-defined function is refused with a message saying what to move into a module;
+* **one start method on every machine** — the ranks are children of a forkserver that has torch
+  preloaded, never forks of the kernel, and the function travels by value, so a function defined in a
+  notebook cell works on a laptop, on Colab and on an 8-GPU server alike, after the notebook has run
+  ``backward()`` or touched CUDA (:mod:`~mgpu_helpers.launching.server` says why fork fails there);
 * **loopback only** — a fresh port on 127.0.0.1 for every launch; rank 0's store listens on 127.0.0.1
   only (:mod:`~mgpu_helpers.launching.loopback`), and so do gloo / NCCL;
 * **a collective timeout** (``collective_timeout_s``) so that a rank waiting for a dead peer raises
   instead of hanging for gloo's default 30 minutes, and an overall ``timeout_s``;
 * **fast failure** — when a rank raises, its traceback is raised in the cell at once (the others are
   stopped after a 1-second grace period), and every process is gone when ``launch`` returns or raises,
-  and also when the kernel itself is killed (each child asks Linux for SIGKILL when its parent dies);
+  and also when the kernel itself is killed (each child watches the kernel's pid);
 * **return values**: each rank's result comes back (pickled through a file, as PyTorch does for
   tracebacks), in rank order.
 
 Compared with Hugging Face Accelerate's ``notebook_launcher`` (its ``launchers.py`` as of 2026): for
 more than one process it wraps torchelastic's ``elastic_launch`` with a static rendezvous at
 ``master_addr:use_port`` — a fixed default port, 29500, so a second job while that port is taken
-clashes — forks (spawn only on XPU / ROCm) and refuses once CUDA is initialised, can restart failed
-workers (``max_restarts``), discards the ranks' return values, has no timeout of its own, and runs
-``num_processes=1`` (or Colab with fewer than 2 GPUs) in the notebook's own process. Here results come
-back, the port is fresh, failures and hangs end within seconds, the backend follows the hardware, and
-even ``nprocs=1`` runs in a real child process with a real process group, so code behaves the same for
-any N. Failed ranks are not restarted: a notebook wants the traceback, not a retry.
+clashes — and *forks* the kernel (spawn only on XPU / ROCm), refusing once CUDA is initialised. Fork is
+faster to start (nothing to pickle, no server) but fails at the first backward once the kernel has run
+one on a GPU machine, which our notebooks do to compute reference gradients; Accelerate asks users to
+keep all CUDA work inside the launched function. It can restart failed workers (``max_restarts``),
+discards the ranks' return values, has no timeout of its own, and runs ``num_processes=1`` (or Colab
+with fewer than 2 GPUs) in the notebook's own process. Here results come back, the port is fresh,
+failures and hangs end within seconds, the backend follows the hardware, and even ``nprocs=1`` runs in
+a real child process with a real process group, so code behaves the same for any N. Failed ranks are
+not restarted: a notebook wants the traceback, not a retry. The price of the forkserver: the first
+launch in a kernel starts it (a few seconds: it imports torch), and the payload is pickled at every
+launch (captured tensors are copied, not shared).
 """
 
 from __future__ import annotations
@@ -47,55 +52,34 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 from ..hardware import BACKENDS, choose_backend
-from ..processes import LOOPBACK, die_with_parent, free_port, stop_processes, temp_prefix
+from ..processes import LOOPBACK, free_port, stop_processes, temp_prefix
+from . import server
 from .loopback import bind_stores_to_loopback, loopback_env, loopback_tcp_store
 
 __all__ = ["LaunchError", "launch"]
 
-_START_METHODS = ("fork", "spawn", "forkserver")
+_START_METHODS = ("forkserver", "spawn")
 
 
 class LaunchError(RuntimeError):
     """A launched rank failed, the job timed out, or the launch request cannot work as asked."""
 
 
-def _choose_start_method(fn: Callable[..., Any], start_method: str | None) -> str:
-    import torch
-
-    cuda_ready = torch.cuda.is_initialized()
-    in_main = getattr(fn, "__module__", None) == "__main__"
+def _choose_start_method(start_method: str | None) -> str:
     if start_method is None:
-        start_method = "spawn" if cuda_ready or sys.platform == "win32" else "fork"
+        return server.start_method()
     if start_method not in _START_METHODS:
         raise ValueError(
-            f"start_method must be one of {_START_METHODS} (or None to choose), not {start_method!r}"
-        )
-    if start_method == "fork" and cuda_ready:
-        raise LaunchError(
-            "CUDA is already initialised in this process, and a forked child cannot use CUDA then. "
-            "Restart the kernel and launch before any cell touches the GPU, or use start_method='spawn' "
-            "with a function defined in a module."
-        )
-    if start_method != "fork" and in_main:
-        name = getattr(fn, "__name__", repr(fn))
-        reason = "CUDA is already initialised in this notebook, so fork is unsafe, and " if cuda_ready else ""
-        raise LaunchError(
-            f"{reason}'{start_method}' starts a fresh Python that must import the function, but "
-            f"{name!r} is defined in the notebook (__main__), which the child cannot import "
-            f"(\"Can't get attribute {name!r} on <module '__main__'>\"). Move it into a module: put it in "
-            f"a cell starting with `%%writefile my_worker.py`, run that cell, then "
-            f"`from my_worker import {name}` and launch that. Or restart the kernel and launch before "
-            "touching CUDA, so fork can be used."
+            f"start_method must be one of {_START_METHODS} (or None: forkserver where Python has it), not "
+            f"{start_method!r}. The kernel is never forked: see mgpu_helpers.launching.server for why."
         )
     return start_method
 
@@ -132,15 +116,6 @@ def _check_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _preload_for_fork() -> None:
-    """Import, once in the parent, what every child would otherwise import on its own.
-
-    ``DistributedDataParallel`` imports ``torch._dynamo`` on first use (seconds per process); a
-    forked child inherits modules the parent already imported, so N children do not pay N times.
-    """
-    import torch._dynamo  # noqa: F401
-
-
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
     """Hold back Ctrl-C (SIGINT) while the children start; raise it once they are all known.
@@ -160,13 +135,6 @@ def _interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _die_with(parent: int | None) -> None:
-    """Ask for SIGKILL when the parent dies; exit at once if it already has (it died before we asked)."""
-    die_with_parent(signal.SIGKILL)
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
-
-
 def _join_group(rank: int, world_size: int, port: int, backend: str, timeout: timedelta) -> None:
     """Join the default group through a store that rank 0 hosts on 127.0.0.1:``port`` only."""
     import torch.distributed as dist
@@ -184,8 +152,8 @@ def _join_group(rank: int, world_size: int, port: int, backend: str, timeout: ti
 
 def _worker(
     rank: int,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
+    payload: str,
+    state: dict[str, Any],
     world_size: int,
     port: int,
     backend: str,
@@ -194,11 +162,12 @@ def _worker(
     threads: int,
     result_dir: str,
     env: dict[str, str],
-    parent: int | None,
 ) -> None:
-    """Runs in each child: tie its life to the parent, set the identity, join the group, call ``fn``."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # forked while Ctrl-C was held back
-    _die_with(parent)
+    """Runs in each child: tie its life to the kernel, take on the kernel's environment, working
+    directory and ``sys.path``, set the identity, join the group, call the function."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # started while Ctrl-C was held back
+    server.die_with(state)
+    server.adopt(state)
     os.environ.update(env)
     os.environ.update(
         MASTER_ADDR=LOOPBACK,
@@ -208,12 +177,15 @@ def _worker(
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+    import cloudpickle
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, before env= applied
     bind_stores_to_loopback()  # also a group that fn creates itself (init_method="env://" or tcp://)
+    with open(payload, "rb") as fh:
+        fn, args = server.unpack(fh.read())
     if backend == "nccl":
         torch.cuda.set_device(rank)
     if init_group:
@@ -232,7 +204,7 @@ def _worker(
         if dist.is_initialized():
             dist.destroy_process_group()
     with open(os.path.join(result_dir, f"rank{rank}.pkl"), "wb") as fh:
-        pickle.dump(result, fh)
+        cloudpickle.dump(result, fh)  # an instance of a class defined in the notebook comes back, too
 
 
 def _check_launch_args(
@@ -285,55 +257,71 @@ def launch(
             set False to call ``dist.init_process_group`` yourself — ``MASTER_ADDR``, ``MASTER_PORT``,
             ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` are set, so ``init_method="env://"`` works (and
             its store, too, listens on 127.0.0.1 only).
-        start_method: None picks fork when CUDA is not initialised here, else spawn — whatever
-            multiprocessing's default is (Python 3.14 makes it forkserver on Linux, which could not run a
-            function defined in a notebook cell).
+        start_method: None (the default) starts the ranks from a forkserver where Python has one, else
+            with spawn; either way the kernel is never forked (see the module docstring), and ``fn``
+            with what it uses from the notebook is pickled by value (cloudpickle), so tensors it captures
+            are *copies*, and CUDA tensors must be created inside ``fn``.
         timeout_s: stop everything and raise if the job takes longer than this (seconds, > 0).
         collective_timeout_s: a collective waiting longer than this for a peer raises in that rank.
-        threads_per_process: ``torch.set_num_threads`` in each child; default 1 with fork (safe after
-            the notebook used OpenMP threads), cores // nprocs with spawn.
-        env: extra environment variables for the children.
+        threads_per_process: ``torch.set_num_threads`` in each child; default: this process's usable
+            cores divided by ``nprocs`` (at least 1).
+        env: extra environment variables for the children, on top of this process's environment
+            (which the children get as it is at the call, working directory and ``sys.path`` too).
 
     Raises:
         TypeError, ValueError: bad arguments (the message says what to use instead).
         LaunchError: a rank raised (its traceback is in the message) or was killed, the job timed out,
             or the function cannot be started this way.
     """
-    import torch.multiprocessing as mp
-
     _check_launch_args(fn, nprocs, args, init_process_group, threads_per_process, env)
     timeout_s = _check_seconds("timeout_s", timeout_s)
     collective_timeout_s = _check_seconds("collective_timeout_s", collective_timeout_s)
     backend = _check_backend(backend, nprocs)
-    method = _choose_start_method(fn, start_method)
-    if method == "fork":
-        # A forked child inherits a copy of the parent's OpenMP runtime but not its threads: once the
-        # parent has run a multi-threaded op, the child's first multi-threaded op can hang (GNU OpenMP
-        # is not fork-safe). One thread per child runs ops inline and is always safe.
-        if threads_per_process and threads_per_process > 1:
-            warnings.warn(
-                f"threads_per_process={threads_per_process} with fork: if this notebook already ran a "
-                "multi-threaded op, the children may hang in their first one (OpenMP is not fork-safe). "
-                "Use threads_per_process=1, or start_method='spawn' with a function from a module.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        threads = threads_per_process or 1
-        _preload_for_fork()
-    else:
-        threads = threads_per_process or max(1, (os.cpu_count() or 1) // nprocs)
-    child_env = {**loopback_env(), **(env or {})}
-    # The forkserver, not this process, is the parent of its children: it dies when we do.
-    parent = None if method == "forkserver" else os.getpid()
+    method = _choose_start_method(start_method)
+    threads = threads_per_process or max(1, _usable_cores() // nprocs)
+    job = (fn, nprocs, tuple(args), backend, init_process_group, timeout_s, collective_timeout_s)
+    return _run(*job, threads, env, method=method)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _run(
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: tuple[Any, ...],
+    backend: str,
+    init_process_group: bool,
+    timeout_s: float,
+    collective_timeout_s: float,
+    threads: int,
+    env: dict[str, str] | None,
+    *,
+    method: str,
+) -> list[Any]:
+    """:func:`launch` after its checks. ``method`` is "forkserver" or "spawn"; ``benchmarks/launch.py``
+    also passes "fork" to measure what the forkserver costs against a plain fork."""
+    import torch.multiprocessing as mp
+
     context = None
     earlier = set(multiprocessing.active_children())
     result_dir = tempfile.mkdtemp(prefix=temp_prefix("launch"))
     try:
+        payload = os.path.join(result_dir, "payload.pkl")
+        with open(payload, "wb") as fh:
+            fh.write(server.pack(fn, args))
+        if method != "fork":
+            server.context()  # sets the forkserver's preload list before its first start
         worker_args = (
-            fn, tuple(args), nprocs, free_port(), backend, init_process_group, collective_timeout_s,
-            threads, result_dir, child_env, parent,
+            payload, server.snapshot(method), nprocs, free_port(), backend, init_process_group,
+            collective_timeout_s, threads, result_dir, {**loopback_env(), **(env or {})},
         )  # fmt: skip
-        with _interrupts_deferred():  # a Ctrl-C now would leave children we have no handle on
+        # a Ctrl-C now would leave children we have no handle on
+        with _interrupts_deferred(), server.no_main_import():
             context = mp.start_processes(
                 _worker, args=worker_args, nprocs=nprocs, join=False, start_method=method
             )

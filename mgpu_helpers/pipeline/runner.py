@@ -196,10 +196,6 @@ def run_pipeline(spec: PipelineSpec, stages: int = 2, *, timeout_s: float = 300.
     spec._validate()  # fields may have changed since it was made
     from ..launching import launch
 
-    if spec.track_memory:
-        # The tracker's first use imports torch._dynamo (seconds). Import it here once: forked stage
-        # processes inherit it instead of each paying for it.
-        import torch._dynamo  # noqa: F401
     per_rank = launch(
         pipeline_worker, stages, args=(spec,), threads_per_process=spec.threads, timeout_s=timeout_s
     )
