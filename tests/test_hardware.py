@@ -342,6 +342,19 @@ def test_hardware_label_variants() -> None:
     )
 
 
+def test_hardware_label_names_the_device_that_did_the_work() -> None:
+    """gloo processes and CPU matmuls on a GPU machine ran on the CPU: labelled so, not as the GPU."""
+    h100 = GPUInfo(0, "NVIDIA H100 80GB HBM3", 80 * GIB, 0, 0.0, "nvml")
+    t4s = [GPUInfo(i, "Tesla T4", 15 * GIB, 0, 0.0, "nvml") for i in range(2)]
+    for device in ("cpu", "gloo", torch.device("cpu")):
+        assert hardware_label(make_info([h100]), device) == "CPU: AMD EPYC 7B13, 2 cores"
+    assert hardware_label(make_info([h100]), "cuda:0") == "1× NVIDIA H100 80GB HBM3"
+    assert hardware_label(make_info(t4s), torch.device("cuda", 1)) == "1× Tesla T4"
+    assert hardware_label(make_info(t4s), "nccl") == "2× Tesla T4"
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda'"):
+        hardware_label(make_info(t4s), "tpu")
+
+
 def test_node_info_properties() -> None:
     assert make_info([]).gpu_count == 0
     one = make_info([GPUInfo(0, "x")])

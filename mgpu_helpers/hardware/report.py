@@ -106,25 +106,46 @@ def format_node_table(info: NodeInfo) -> str:
     return "\n".join(lines)
 
 
-def hardware_label(info: NodeInfo | None = None) -> str:
+def hardware_label(info: NodeInfo | None = None, device: object = None) -> str:
     """Short label for measured numbers: ``"4× NVIDIA A100-SXM4-40GB"`` or ``"CPU: <model>, 8 cores"``.
 
-    GPUs are named when torch can use them (``info.cuda_available``); different models are
-    joined with ``" + "`` in index order of first appearance. Otherwise the CPU is named, with
-    its logical core count, and GPUs torch cannot use are mentioned in parentheses.
-    Calls :func:`describe_node` when ``info`` is None.
+    Name the hardware that *did the work*: pass ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a
+    ``torch.device``, or the backend name ``"gloo"`` / ``"nccl"``) — gloo processes and CPU matmuls on
+    a GPU machine ran on the CPU, and are labelled so. Without ``device``, GPUs are named when torch can
+    use them (``info.cuda_available``); different models are joined with ``" + "`` in index order of
+    first appearance. Otherwise the CPU is named, with its logical core count, and GPUs torch cannot use
+    are mentioned in parentheses. Calls :func:`describe_node` when ``info`` is None.
     """
     _require_info(info, "hardware_label", allow_none=True)
+    kind, index = _device_kind(device)
     if info is None:
         info = describe_node()
+    cores = "?" if info.cpu_cores_logical is None else str(info.cpu_cores_logical)
+    cpu = f"CPU: {info.cpu_model}, {cores} cores"
+    if kind == "cpu":
+        return cpu
+    gpus = info.gpus if index is None else [g for g in info.gpus if g.index == index]
     groups: dict[str, int] = {}
-    for gpu in info.gpus:
+    for gpu in gpus:
         groups[gpu.name] = groups.get(gpu.name, 0) + 1
     gpu_text = " + ".join(f"{count}× {name}" for name, count in groups.items())
-    if info.gpus and info.cuda_available:
+    if gpus and (info.cuda_available or kind == "cuda"):
         return gpu_text
-    cores = "?" if info.cpu_cores_logical is None else str(info.cpu_cores_logical)
-    label = f"CPU: {info.cpu_model}, {cores} cores"
-    if info.gpus:
-        label += f" ({gpu_text} present but not usable by torch)"
-    return label
+    if kind == "cuda":
+        return f"cuda:{index if index is not None else 0} (not described)"
+    return cpu + (f" ({gpu_text} present but not usable by torch)" if gpu_text else "")
+
+
+def _device_kind(device: object) -> tuple[str | None, int | None]:
+    """``("cpu" | "cuda" | None, GPU index or None)`` for hardware_label's ``device``."""
+    if device is None:
+        return None, None
+    text = str(device)
+    kind, _, index = text.partition(":")
+    kind = {"gloo": "cpu", "nccl": "cuda"}.get(kind, kind)
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(
+            "device must be 'cpu', 'cuda', 'cuda:N', a torch.device or a backend ('gloo', 'nccl'), "
+            f"not {device!r}"
+        )
+    return kind, int(index) if index else None
