@@ -365,6 +365,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=(
             "exercises",
             "labels",
+            "processes",
             "tuning",
         ),
         extra="tune",

@@ -45,7 +45,8 @@ ipyparallel is mature, documented, CPU-first and explicit (a cell runs on the ra
   Ctrl-C during start, and at kernel exit through ``atexit``) destroys the process groups, stops
   engines and controller, kills whatever is left of the processes it recorded, and removes the temp
   folder that holds ipyparallel's profile (connection files, logs). A kernel killed with SIGKILL runs no
-  cleanup: its engines exit when their heartbeats to the dead controller fail, and the next start
+  cleanup, and ipyparallel starts each process in a session of its own (no ``die_with_parent``), so a
+  :class:`~mgpu_helpers.processes.Watchdog` told every pid stops them all within seconds; the next start
   removes the orphaned ``mgpu-ipp-<pid>-*`` folder (:func:`~mgpu_helpers.processes.temp_prefix`).
 """
 
@@ -62,7 +63,7 @@ from types import TracebackType
 from typing import Any
 
 from .hardware import BACKENDS, choose_backend
-from .processes import LOOPBACK, descendants, free_port, stop_processes, temp_prefix
+from .processes import LOOPBACK, Watchdog, descendants, free_port, stop_processes, temp_prefix
 
 __all__ = ["LiveRanks", "start_ranks"]
 
@@ -201,6 +202,7 @@ class LiveRanks:
         self.temp_dir: str | None = None
         self.ranks: list[dict[str, Any]] = []
         self._cluster: Any = None
+        self._watchdog: Watchdog | None = None  # stops the processes if this kernel is killed
         self._state = "new"
 
     def __repr__(self) -> str:
@@ -225,6 +227,7 @@ class LiveRanks:
         before = {p.pid for p in descendants()}
         atexit.register(self.stop)
         try:
+            self._watchdog = Watchdog(grace_s=0.5)  # SIGKILL after 0.5 s: nothing of value is left
             self.temp_dir = tempfile.mkdtemp(prefix=temp_prefix("ipp"))
             self._cluster = ipp.Cluster(
                 n=self.nprocs,
@@ -237,12 +240,15 @@ class LiveRanks:
                 log_level=logging.ERROR,  # engines stopped by SIGTERM exit with 1: not news
             )
             self._cluster.start_controller_sync()
+            self._watchdog.watch(self._launched_pids())  # each pid as soon as it is known
             self._cluster.start_engines_sync(self.nprocs)
+            self._watchdog.watch(self._launched_pids())
             self.client = self._cluster.connect_client_sync()
             self._wait_for_engines(deadline)
             self.pids = sorted(  # only ipyparallel's: stop() must not kill anything else started meanwhile
                 p.pid for p in descendants() if p.pid not in before and _is_ipyparallel(p)
             )
+            self._watchdog.watch(self.pids)  # + the controller's fork and the nannies
             self.port = free_port()
             if self.join:
                 self._form_group(deadline)
@@ -356,6 +362,8 @@ class LiveRanks:
         if self._cluster is not None:
             with contextlib.suppress(Exception):
                 self._cluster.stop_cluster_sync()  # ipyparallel's bookkeeping; its processes are gone
+        if self._watchdog is not None:
+            self._watchdog.close()  # everything is stopped: it exits without doing anything
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         self._state = "stopped"

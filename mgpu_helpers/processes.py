@@ -1,10 +1,11 @@
-"""Used by notebook 04a directly, and by every notebook that starts processes (01, 02a, 02b, 04a, 04b,
+"""Used by notebooks 04a and 06b directly, and by every notebook that starts processes (01, 02a, 02b, 04a, 04b,
 05b, 06b, 07a, 07b) through
 :mod:`mgpu_helpers.launching`, :mod:`mgpu_helpers.tuning` and :mod:`mgpu_helpers.troubleshoot`, and by
 the test suite's leftover-process check (``conftest.py``).
 
 Processes and ports on one machine: the single place that picks a free port, keeps traffic on
-loopback, stops a process tree, and ties a child's life to its parent.
+loopback, stops a process tree, and ties a child's life to its parent (``die_with_parent`` for the
+children this package starts itself, a :class:`Watchdog` for those another library starts).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import ipaddress
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -256,3 +259,84 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:  # pragma: no cover - ru
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, int(sig))
+
+
+class Watchdog:
+    """A small process that stops the process trees it is told about when this process dies.
+
+    For children that another library starts, so that ``die_with_parent`` cannot be set on them
+    (ipyparallel's controller and engines, each in a session of its own)::
+
+        dog = Watchdog()
+        dog.watch(pids)   # as soon as they are started; again for any started later
+        ...               # stop them the usual way, then:
+        dog.close()       # the watchdog exits and stops nothing
+
+    If this process dies first — even by SIGKILL, which runs no cleanup — the watchdog notices within
+    ``poll_s`` (its parent changed, or its pipe closed without :meth:`close`), stops every watched
+    process and what it started (:func:`stop_processes`, ``grace_s``), and exits. It runs in a session
+    of its own, so the SIGINT or SIGKILL that Jupyter sends to the kernel's process group (interrupt,
+    restart) does not reach it, and it holds no resource that outlives it.
+    """
+
+    def __init__(self, grace_s: float = 1.5, poll_s: float = 0.2) -> None:
+        """Start the watchdog process (a child of this one, about 0.1 s to start)."""
+        if not grace_s >= 0 or not poll_s > 0:
+            raise ValueError(f"grace_s must be >= 0 and poll_s > 0 seconds, not {grace_s}, {poll_s}")
+        code = "import sys; sys.path.insert(0, sys.argv[1]); import mgpu_helpers.processes as p; p._watch()"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, root, str(os.getpid()), str(grace_s), str(poll_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Add processes (by pid; their descendants are found when they are stopped)."""
+        lines = "".join(f"{int(pid)}\n" for pid in pids)
+        with contextlib.suppress(OSError, ValueError):  # the watchdog is gone, or closed
+            self.process.stdin.write(lines.encode())
+            self.process.stdin.flush()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Tell the watchdog that all is stopped: it exits without stopping anything. Idempotent."""
+        if self.process.stdin.closed:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.write(b"stop\n")
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_processes([self.process], grace_s=0)
+
+
+def _watch() -> None:  # pragma: no cover - runs in the watchdog process
+    """The watchdog's loop (:class:`Watchdog`): argv = package root, parent pid, grace_s, poll_s."""
+    import psutil
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent, grace_s, poll_s = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    watched: dict[int, Any] = {}
+    pipe, pending = sys.stdin.fileno(), b""
+    while True:
+        gone = os.getppid() != parent  # re-parented (to init or a subreaper): the parent is gone
+        # Read what the parent wrote, also once it is gone (it may die before this process reads).
+        if pipe >= 0 and select.select([pipe], [], [], 0 if gone else poll_s)[0]:
+            chunk = os.read(pipe, 4096)
+            if not chunk:  # closed: "stop" was sent (and read), or the parent is exiting
+                pipe = -1
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line == b"stop":
+                    return
+                with contextlib.suppress(ValueError, psutil.Error):
+                    proc = psutil.Process(int(line))  # kept with its start time: a reused pid is not it
+                    watched[proc.pid] = proc
+        elif gone:
+            break
+        elif pipe < 0:
+            select.select([], [], [], poll_s)
+    stop_processes([p for p in watched.values() if p.is_running()], grace_s=grace_s)

@@ -1,5 +1,6 @@
 """processes: free ports, loopback checks, stopping process trees, children that die with their parent."""
 
+import contextlib
 import os
 import random
 import signal
@@ -12,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from _scripts import HANG_DEADLINE_S, wait_until
+from _scripts import HANG_DEADLINE_S, is_alive, wait_until
 
 from mgpu_helpers import processes
 from mgpu_helpers.processes import (
@@ -201,3 +202,83 @@ def test_temp_prefix_names_by_pid_and_removes_folders_of_dead_processes(tmp_path
     assert remove_orphaned_temp_dirs("oom") == [str(other_kind)]
     with pytest.raises(ValueError, match="short lowercase word"):
         temp_prefix("../etc")
+
+
+_WATCHED_PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from mgpu_helpers.processes import Watchdog
+    # Like ipyparallel's processes: a session of their own, no die_with_parent, and a grandchild.
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+    if sys.argv[1] == "no grandchild":
+        code = "import time; time.sleep(600)"
+    dog = Watchdog(grace_s=0.5)
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    dog.watch([child.pid])
+    if sys.argv[1] == "close":
+        dog.close()  # returns once the watchdog has exited
+    print(child.pid, dog.process.pid, dog.process.returncode, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _start_watched_parent(how: str) -> tuple[subprocess.Popen, list[psutil.Process], int, str]:
+    """The parent, its watched child and grandchild, the watchdog's pid and exit code (or "None")."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _WATCHED_PARENT, how], stdout=subprocess.PIPE, start_new_session=True
+    )
+    child_pid, dog_pid, dog_code = parent.stdout.readline().split()
+    child = psutil.Process(int(child_pid))
+    tree = wait_until(lambda: len(c := child.children()) == 1 and [child, *c], "the grandchild to start")
+    return parent, tree, int(dog_pid), dog_code.decode()
+
+
+@pytest.mark.parametrize("kill", ["the kernel", "its process group (a Jupyter restart)"])
+def test_a_watchdog_stops_what_it_watches_when_its_parent_is_killed(kill):
+    parent, tree, dog_pid, _ = _start_watched_parent("watch")
+    dog = psutil.Process(dog_pid)
+    try:
+        if kill == "the kernel":
+            parent.kill()
+        else:
+            os.killpg(parent.pid, signal.SIGKILL)  # the watchdog has a session of its own: not reached
+        parent.wait()
+        wait_until(
+            lambda: not any(is_alive(p) for p in [*tree, dog]),
+            "the watched processes and the watchdog to exit",
+            timeout_s=10,
+        )
+    finally:
+        stop_processes([parent, *tree, dog], grace_s=0)
+
+
+def test_a_watchdog_that_is_still_starting_when_its_parent_dies_reads_the_pids_left_for_it():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _WATCHED_PARENT, "no grandchild"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    pids = parent.stdout.readline().split()[:2]  # the child's and the watchdog's
+    parent.kill()  # at once: the watchdog (a fresh Python) has most likely not read its pipe yet
+    parent.wait()
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):  # (already stopped)
+            procs.append(psutil.Process(int(pid)))
+    try:
+        wait_until(lambda: not any(is_alive(p) for p in procs), "the child and the watchdog to exit", 10)
+    finally:
+        stop_processes(procs, grace_s=0)
+
+
+def test_a_closed_watchdog_exits_and_stops_nothing():
+    parent, tree, _, dog_code = _start_watched_parent("close")
+    try:
+        assert dog_code == "0"  # close() returned after the watchdog exited: nothing is left to act
+        parent.kill()
+        parent.wait()
+        assert all(is_alive(p) for p in tree)
+    finally:
+        stop_processes([parent, *tree], grace_s=0)

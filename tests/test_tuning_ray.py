@@ -217,6 +217,34 @@ def test_local_ray_replaces_the_connection_and_cleans_up_on_error(cluster):
     assert ray.get(ray.remote(lambda: "back").remote()) == "back"
 
 
+def test_tune_refuses_to_start_a_second_ray_when_the_connect_cell_was_not_run(cluster, tmp_path):
+    """Notebook 06b after its cluster cell was edited and re-run but not its connect cell: Tune's own
+    ``ray.init()`` used to start a second Ray (a raylet beside the head's, a session left in /tmp/ray)."""
+    import ray
+    from ray import tune
+
+    ray.shutdown()  # what re-running an edited cluster cell does to the connection
+    raylets = {p.pid for p in tuning.ray_processes() if "raylet" in p.name()}
+    tuner = tune.Tuner(
+        tune.with_resources(tuning.train_mlp, {"cpu": 1}),
+        param_space={**CONFIG, "max_epochs": 1},
+        run_config=tune.RunConfig(name="refused", storage_path=str(tmp_path), verbose=0),
+    )
+    try:
+        refused = r"not connected to its Ray cluster \('tests' at 127\.0\.0\.1:\d+\).*second Ray of its own"
+        with pytest.raises(
+            RuntimeError, match=refused + r".*Run the cell with `runtime = cluster\.connect\(\)`"
+        ):
+            tuner.fit()
+        with pytest.raises(RuntimeError, match=r"cluster\.connect\(\)"):
+            ray.get(ray.remote(lambda: 1).remote())  # any call that would start Ray is refused alike
+        assert not ray.is_initialized()
+        assert {p.pid for p in tuning.ray_processes() if "raylet" in p.name()} == raylets  # no second raylet
+    finally:
+        cluster.connect()  # the connect cell, run: the next tests use the cluster again
+    assert ray.get(ray.remote(lambda: "connected").remote()) == "connected"
+
+
 def test_cluster_start_failure_is_reported_and_cleaned_up(monkeypatch):
     from mgpu_helpers.tuning import _head
 

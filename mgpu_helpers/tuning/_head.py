@@ -1,5 +1,6 @@
-"""Used by notebook 06b (Ray Tune and ASHA) through :class:`~mgpu_helpers.tuning.LocalRayCluster`:
-the processes and folder of one ``ray start --head``, how to stop them, and which heads run.
+"""Used by notebooks 06b and 08 through :class:`~mgpu_helpers.tuning.LocalRayCluster`: the processes
+and folder of one ``ray start --head``, how to stop them, which heads run, and the guard that keeps
+Tune from starting a second Ray beside them (:func:`guard_auto_init`).
 
 Kept apart from the cluster object so that a ``weakref.finalize`` can stop a head when its
 ``LocalRayCluster`` is garbage-collected (a notebook cell re-run rebinds the name) or Python exits.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
 import signal
 import socket
 import subprocess
@@ -107,3 +110,45 @@ class Head:
             finally:
                 if self.temp_dir:
                     _remove_tree(self.temp_dir)
+
+
+def _not_connected() -> str:
+    """Why ``ray.init()`` without an address is refused, and which notebook cell to run instead."""
+    running = [head for head in RUNNING.values() if head.alive()]
+    if running:
+        where = ", ".join(f"{head.name!r} at {head.address}" for head in running)
+        return (
+            f"this process is not connected to its Ray cluster ({where}), so Ray Tune (or a ray.get / "
+            "@ray.remote call) would start a second Ray of its own beside it. Run the cell with "
+            "`runtime = cluster.connect()` first (notebook 06b: section 1; 08: section 4): after the cell "
+            "that starts the cluster was edited or run again, its connect cell must run again too."
+        )
+    return (
+        "this process's Ray cluster is not running (stopped, or it failed to start), so Ray Tune (or a "
+        "ray.get / @ray.remote call) would start a Ray of its own that nothing stops. Run the cell that "
+        "starts it, `cluster = tuning.LocalRayCluster(...).start(...)`, then the one with "
+        "`runtime = cluster.connect()`; for a Ray inside this process use `with tuning.local_ray(): ...`."
+    )
+
+
+def guard_auto_init(ray: Any) -> None:
+    """Make ``ray.init()`` without an address refuse, saying which cell to run (:func:`_not_connected`).
+
+    It is what Ray Tune (``Tuner.fit``, ``tune.run``), ``ray.get``, ``ray.put`` and ``.remote()`` call
+    when this process is not connected: Ray would start a private instance with a second raylet and
+    leave its session folder in /tmp/ray. Installed by ``LocalRayCluster.start`` (a
+    process that runs its own cluster); an explicit address (``"local"`` from :func:`.local_ray`, a
+    cluster's from ``connect``) or ``RAY_ADDRESS`` in the environment pass unchanged.
+    """
+    if getattr(ray.init, "mgpu_guard", False):
+        return
+    start = ray.init
+
+    @functools.wraps(start)
+    def init(address: str | None = None, **kwargs: Any) -> Any:
+        if address is None and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+            raise RuntimeError(_not_connected())
+        return start(address, **kwargs)
+
+    init.mgpu_guard = True  # type: ignore[attr-defined]
+    ray.init = init

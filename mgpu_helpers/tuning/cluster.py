@@ -10,7 +10,10 @@ another notebook's, a test's). Re-running notebook cells in any order is safe:
 * :meth:`~LocalRayCluster.connect` returns the current connection if it is to this cluster, and
   closes a connection to any other cluster first;
 * every cluster and connection of this process use one environment and authentication token
-  (:mod:`.ray_local`), which is never withdrawn while Ray is connected.
+  (:mod:`.ray_local`), which is never withdrawn while Ray is connected;
+* once a cluster was started, Tune run while this process is not connected (the start cell re-run,
+  the connect cell not) raises, naming the cell to run, instead of starting a second Ray of its own
+  (:func:`._head.guard_auto_init`).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class LocalRayCluster:
         if not isinstance(wait, bool):
             raise TypeError(f"wait must be True or False, not {wait!r}")
         require_installed("ray", "LocalRayCluster.start")
+        _head.guard_auto_init(require("ray", "LocalRayCluster.start"))  # no second Ray of Tune's own
         if self._head.alive() and not self._head.stopped:
             return self.wait() if wait else self
         settings = (self.num_cpus, self.num_gpus, self._port)
