@@ -263,8 +263,9 @@ def launch(
             are *copies*, and CUDA tensors must be created inside ``fn``.
         timeout_s: stop everything and raise if the job takes longer than this (seconds, > 0).
         collective_timeout_s: a collective waiting longer than this for a peer raises in that rank.
-        threads_per_process: ``torch.set_num_threads`` in each child; default: this process's usable
-            cores divided by ``nprocs`` (at least 1).
+        threads_per_process: ``torch.set_num_threads`` in each child; default 1: each rank stands for
+            one device and gets one core, so that runs with 1 and with N processes compare fairly (and N
+            ranks on N cores do not spin-wait against each other).
         env: extra environment variables for the children, on top of this process's environment
             (which the children get as it is at the call, working directory and ``sys.path`` too).
 
@@ -278,16 +279,9 @@ def launch(
     collective_timeout_s = _check_seconds("collective_timeout_s", collective_timeout_s)
     backend = _check_backend(backend, nprocs)
     method = _choose_start_method(start_method)
-    threads = threads_per_process or max(1, _usable_cores() // nprocs)
+    threads = threads_per_process or 1
     job = (fn, nprocs, tuple(args), backend, init_process_group, timeout_s, collective_timeout_s)
     return _run(*job, threads, env, method=method)
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _run(
