@@ -422,6 +422,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "labels",
             "launching",
             "memory",
+            "troubleshoot",
         ),
     ),
     Notebook(

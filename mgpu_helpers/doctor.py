@@ -11,14 +11,15 @@ Three steps, so that every GPU branch can be tested on a machine without one:
   with ``NCCL_P2P_DISABLE=1`` (the usual cure on machines whose GPUs cannot reach each other directly,
   such as some 2 × T4 hosts).
 * :func:`findings` turns :class:`Facts` into :class:`Finding` rows — a pure function, unit-tested with
-  faked facts for 0, 1, 2 and N GPUs, a GPU without bf16, a hanging NCCL, Python 3.14 and a kernel that
-  has already initialised CUDA.
+  faked facts for 0, 1, 2 and N GPUs, a GPU without bf16, a hanging NCCL, Python 3.14, torch releases
+  inside and outside :data:`TORCH_SUPPORTED` and a kernel that has already initialised CUDA.
 * :func:`doctor` does both and prints the rows; it never raises (a failed probe is itself a finding).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -27,6 +28,14 @@ from .hardware.probes import P2P_FIX, GPUFacts, nccl_smoke, probe_gpus
 from .hardware.sources import _cuda_usable
 
 __all__ = ["Facts", "Finding", "GPUFacts", "doctor", "findings", "gather_facts", "platform_name"]
+
+#: The torch releases the course supports, (major, minor) inclusive: Colab's (2.11) to the newest
+#: release (2.15); CI tests :data:`TORCH_TESTED` (.ci/run). README's "Supported torch versions" says the
+#: same (tests/test_doctor.py checks). Inside the range, differences between releases are
+#: feature-detected where they are used (e.g. ``troubleshoot.unmatched_collective``), never read from a
+#: version string.
+TORCH_SUPPORTED = ((2, 11), (2, 15))
+TORCH_TESTED = "2.13"
 
 #: Packages the doctor reports, with the notebooks that need them (none = every notebook).
 _PACKAGES = {
@@ -236,6 +245,40 @@ def _gpu_findings(f: Facts) -> list[Finding]:
     return rows
 
 
+def _torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version such as ``"2.11.0+cu126"`` or ``"2.16.0.dev20260301"``; None when
+    it does not start with two numbers."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def _torch_finding(version: str) -> Finding:
+    """Is this torch inside :data:`TORCH_SUPPORTED`?"""
+    (lo_major, lo_minor), (hi_major, hi_minor) = TORCH_SUPPORTED
+    span = f"{lo_major}.{lo_minor} – {hi_major}.{hi_minor}"
+    release = _torch_release(version)
+    if release is None:
+        return Finding(
+            "torch", "warn", f"torch {version}: not a version number", f"the course supports torch {span}"
+        )
+    if release < TORCH_SUPPORTED[0]:
+        return Finding(
+            "torch",
+            "warn",
+            f"torch {version}, older than the course supports ({span})",
+            f'upgrade: pip install -U "torch>={lo_major}.{lo_minor}" (no GPU: add the CPU index URL, README)',
+        )
+    if release > TORCH_SUPPORTED[1]:
+        return Finding(
+            "torch",
+            "warn",
+            f"torch {version}, newer than the course supports ({span})",
+            "the notebooks will probably run; if one fails, report it with this torch version, or install "
+            f'"torch=={hi_major}.{hi_minor}.*"',
+        )
+    return Finding("torch", "ok", f"torch {version}", f"supported ({span}; CI tests {TORCH_TESTED})")
+
+
 def findings(f: Facts) -> list[Finding]:
     """What the course will do on the machine ``f`` describes, one :class:`Finding` per fact."""
     rows = [Finding("platform", "ok", f.platform, _PLATFORM_ACTION.get(f.platform, ""))]
@@ -263,6 +306,7 @@ def findings(f: Facts) -> list[Finding]:
     if f.torch is None:
         rows.append(Finding("torch", "warn", "not installed", "run the README's install command"))
         return rows
+    rows.append(_torch_finding(f.torch))
     if f.probe_error:
         rows.append(
             Finding(

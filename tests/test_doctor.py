@@ -5,6 +5,7 @@ import io
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,35 @@ def test_python_314_forkserver_and_a_kernel_with_cuda_initialised():
     assert "never forks the kernel" in start.action
     kernel = row(rows, "this kernel")
     assert kernel.status == "note" and "never forks the kernel" in kernel.action
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "expected"),
+    [
+        ("2.11.0+cu126", "ok", "supported (2.11 – 2.15; CI tests 2.13)"),  # Colab's
+        ("2.13.0+cpu", "ok", "supported"),  # CI's
+        ("2.15.0", "ok", "supported"),  # the newest release
+        ("2.10.0", "warn", 'pip install -U "torch>=2.11"'),
+        ("1.13.1", "warn", "upgrade"),
+        ("2.16.0.dev20260301+cpu", "warn", "report it with this torch version"),
+        ("3.0.0", "warn", 'or install "torch==2.15.*"'),
+        ("unknown", "warn", "the course supports torch 2.11 – 2.15"),
+    ],
+)
+def test_torch_outside_the_supported_releases_is_a_warning(version, status, expected):
+    torch_row = row(findings(machine(1, A100, torch=version)), "torch")
+    assert torch_row.status == status and expected in torch_row.action and version in torch_row.fact
+    if status == "warn":
+        assert "older" in torch_row.fact or "newer" in torch_row.fact or "not a version" in torch_row.fact
+
+
+def test_readme_declares_the_supported_torch_releases():
+    (lo_major, lo_minor), (hi_major, hi_minor) = doc.TORCH_SUPPORTED
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    declared = f"**Supported torch versions: {lo_major}.{lo_minor} – {hi_major}.{hi_minor}.**"
+    assert declared in readme and f"CI tests {doc.TORCH_TESTED}." in readme
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text(encoding="utf-8")
+    assert f"torch=={doc.TORCH_TESTED}." in ci, "CI's torch is not the one the doctor and README name"
 
 
 def test_a_failed_probe_old_python_and_missing_packages_are_findings():

@@ -17,6 +17,7 @@ from _scripts import defined_in_a_function, raised, wait_until
 
 from mgpu_helpers.processes import stop_processes
 from mgpu_helpers.troubleshoot import (
+    ChildResult,
     cuda_memory_cap,
     diagnose,
     free_memory,
@@ -163,6 +164,105 @@ def test_capped_child_refuses_functions_a_child_cannot_import():
         del main.notebook_function
     assert "Can't get attribute 'notebook_function' on <module '__main__'>" in str(err)
     assert diagnose(err).details["missing in the child"] == "notebook_function"
+
+
+def _threads() -> int:
+    with open("/proc/self/status") as fh:
+        return int(next(ln for ln in fh if ln.startswith("Threads:")).split()[1])
+
+
+def parallel_work_then_allocate(mib: int) -> tuple[int, int]:
+    """Run in a capped child: work wide enough for every intra-op thread, then a ``mib`` MiB tensor."""
+    before = _threads()
+    torch.ones(4 * 32_768 * torch.get_num_threads()).mul_(2.0).sum()  # OpenMP's whole team
+    torch.mm(torch.ones(384, 384), torch.ones(384, 384))
+    after = _threads()
+    torch.ones(mib * MiB // 4).sum()  # written: really allocated
+    return before, after
+
+
+def start_a_wider_thread_pool(threads: int) -> float:
+    """Run in a capped child: a pool wider than the warm-up's, started under the cap (a 16-core
+    machine's OpenMP team, started by the first large operation, did this before the warm-up)."""
+    x = torch.ones(32_768 * threads)  # one grain of work per thread: a team of ``threads``
+    torch.set_num_threads(threads)
+    return float(x.mul_(2.0).sum())
+
+
+@linux_only
+def test_the_budget_is_what_the_function_gets():
+    # torch's thread pools start before the cap (their stacks are address space: 8 MiB a thread) ...
+    fits = run_with_memory_limit(parallel_work_then_allocate, 56, limit_bytes=64 * MiB, timeout=120)
+    assert fits.ok, fits.explain()
+    before, after = fits.value
+    assert after == before, f"{after - before} threads started under the cap, out of the budget"
+    # ... and the budget is the budget: 72 MiB do not fit in 64
+    too_big = run_with_memory_limit(parallel_work_then_allocate, 72, limit_bytes=64 * MiB, timeout=120)
+    assert not too_big.ok and too_big.stage == "run" and is_oom(too_big.error)
+    assert "ran out of memory under the cap" in too_big.explain()
+
+
+@linux_only
+def test_a_thread_pool_started_under_the_cap_is_explained():
+    wider = 2 * (os.cpu_count() or 1) + 8  # than the warm-up's pool (at most one thread per core)
+    result = run_with_memory_limit(start_a_wider_thread_pool, wider, limit_bytes=64 * MiB, timeout=120)
+    assert not result.ok and result.value is None
+    if result.stage == "":  # libgomp ends the process when it cannot start a thread
+        assert "Thread creation failed" in result.stderr and result.exitcode == 1
+        assert "could not start a thread" in result.explain()
+    else:  # or the pool's stacks left too little for the tensor
+        assert result.stage == "run" and is_oom(result.error), result.explain()
+
+
+def test_explain_names_what_happened_in_the_child():
+    oom = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 67108864 bytes.")
+    kw = {"limit_bytes": 16 * MiB, "baseline_bytes": 700 * MiB}
+    cases = [
+        (
+            ChildResult(value=1, exitcode=0, stage="done", **kw),
+            "returned normally within its budget of 16 MiB",
+        ),
+        (ChildResult(error=oom, exitcode=0, stage="run", **kw), "ran out of memory under the cap"),
+        (
+            ChildResult(
+                error=KeyError("x"),
+                exitcode=0,
+                stage="run",
+                error_traceback='  File "demo.py", line 3, in step\n    d["x"]\nKeyError: \'x\'\n',
+                **kw,
+            ),
+            'the function raised KeyError: \'x\' (at File "demo.py", line 3, in step d["x"]); '
+            "this is an error in the function, not an OOM",
+        ),
+        (
+            ChildResult(error=RuntimeError("not enforced"), exitcode=0, stage="cap", **kw),
+            "could not set its cap",
+        ),
+        (
+            ChildResult(error=AttributeError("f"), exitcode=0, stage="start", **kw),
+            "could not load the function",
+        ),
+        (
+            ChildResult(
+                error=RuntimeError("the capped child process was killed by SIGKILL before reporting."),
+                exitcode=-9,
+                **kw,
+            ),
+            "OOM killer",
+        ),
+        (
+            ChildResult(
+                error=RuntimeError("the capped child process died with exit code 1 before reporting."),
+                exitcode=1,
+                stderr="\nlibgomp: Thread creation failed: Resource temporarily unavailable\n",
+                **kw,
+            ),
+            "could not start a thread",
+        ),
+    ]
+    for result, expected in cases:
+        assert expected in result.explain(), (expected, result.explain())
+    assert not any(r.ok for r, _ in cases[1:])
 
 
 # ------------------------------------------------------------------------------------------ abnormal ends

@@ -1,5 +1,5 @@
 """Used by notebook 07a's exercises: the repair of a training loop whose memory grows every batch (07a.1)
-and a batch-size search that uses the formula's upper bound (07a.2).
+and a batch-size search that uses a known upper bound, such as §3's estimate (07a.2).
 
 07a.1 runs the student's loop for real under a :class:`~mgpu_helpers.memory.MemoryTracker`, marking the
 tracked tensor bytes after every ``optimizer.step()`` (a step hook): in a loop that keeps nothing from
@@ -160,7 +160,7 @@ class _Probe:
         return batch_size <= self.limit
 
 
-#: (the real limit, the formula's upper bound): limits inside, at and beyond the bound, and 0.
+#: (the real limit, the known upper bound): limits inside, at and beyond the bound, and 0.
 _CASES = (
     (133, 151),
     (151, 151),
@@ -177,7 +177,7 @@ _CASES = (
 
 @exercise(
     "07a.2",
-    "a batch-size search that uses the formula's bound",
+    "a batch-size search that uses a known upper bound",
     hint="a known upper bound already brackets the answer, so §3's growing phase is not needed; each probe "
     "should halve the range of sizes still in doubt.",
 )

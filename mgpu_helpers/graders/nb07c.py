@@ -84,6 +84,7 @@ def _check_answer(answer: object, want_rank: int, dumps_note: str) -> None:
     "find the rank that is behind in Flight Recorder dumps",
     hint="compare the ranks' collective sequence numbers (collective_seq_id), not how many entries each "
     "dump holds: the recorder is a ring buffer and keeps only its last N entries.",
+    forbid=("unmatched_collective",),  # §4's fallback reads the dumps this way: the answer key
 )
 def _grade_behind(who_is_behind: Callable[[dict[int, dict[str, Any]]], object]) -> str:
     dumps = _real_dumps()

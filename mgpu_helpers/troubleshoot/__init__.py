@@ -1,4 +1,4 @@
-"""Used by notebooks 07a (memory problems) and 07b (errors and hangs), and by their graders: the plumbing
+"""Used by notebooks 07a (memory problems), 07b (errors and hangs) and 07c, and by their graders: the plumbing
 around the lessons, whose concept code (the OOM reproduction, the batch-size search, the hangs) is written
 in the notebooks themselves.
 
@@ -14,7 +14,9 @@ On top of that:
 * :mod:`.oom` — :func:`is_oom`: does an exception mean "an allocation failed"?
 * :mod:`.leaks` — :func:`memory_growth`, :class:`MemoryGrowth`: does memory grow step after step?
 * :mod:`.diagnose` — :func:`diagnose` turns an exception or error text into a :class:`Diagnosis`
-  (:data:`KINDS`); its table of patterns and advice is :mod:`._rules`.
+  (:data:`KINDS`); its table of patterns and advice is :mod:`._rules`;
+* :mod:`.flight_recorder` — :func:`unmatched_collective`: the collective not every rank joined, from
+  PyTorch's ``fr_trace`` analyser where it says so, else from the Flight Recorder dumps (notebook 07c).
 
 matplotlib and psutil are imported only when used.
 """
@@ -22,6 +24,7 @@ matplotlib and psutil are imported only when used.
 from .capped_child import ChildResult, run_with_memory_limit
 from .cuda_cap import cuda_memory_cap
 from .diagnose import KINDS, Diagnosis, diagnose
+from .flight_recorder import unmatched_collective
 from .leaks import MemoryGrowth, memory_growth
 from .memory_state import free_memory, memory_snapshot, process_rss
 from .oom import is_oom
@@ -39,4 +42,5 @@ __all__ = [
     "memory_snapshot",
     "process_rss",
     "run_with_memory_limit",
+    "unmatched_collective",
 ]

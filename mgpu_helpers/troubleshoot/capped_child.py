@@ -7,12 +7,21 @@ once with PyTorch's ordinary CPU allocator error, the child recovers or dies, th
 The child gets ``die_with_parent`` (a killed kernel takes it along) and is stopped with
 ``stop_processes`` on a timeout, an error or an interrupt; its files live in a ``mgpu-oom-*`` temporary
 folder that is removed however the call ends.
+
+The cap counts address space, not memory in use, so everything torch maps once and keeps — libraries,
+the CUDA driver of a CUDA build, and above all the **stacks of its thread pools** (8 MiB of address
+space per thread by default) — must be mapped *before* the cap, or it eats the budget: on a 16-core
+machine the OpenMP team that the first large operation starts maps 15 stacks, 120 MiB, and libgomp then
+ends the process ("Thread creation failed") instead of an allocation raising. :func:`_warm_up` does
+that work first; the budget then covers what ``fn`` allocates. :meth:`ChildResult.explain` says in
+words what happened to a child that did not return.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import math
 import os
 import pickle
@@ -41,8 +50,9 @@ class ChildResult:
 
     ``value`` is the function's return value, ``error`` the exception it raised (re-created in this
     process, without its traceback; ``error_traceback`` holds the child's traceback as text).
-    ``baseline_bytes`` is the child's address space when the cap was set; the cap was
-    ``baseline_bytes + limit_bytes``. ``peak_rss_bytes`` is the child's peak resident memory.
+    ``baseline_bytes`` is the child's address space when the cap was set, less the free room inside
+    malloc's heap; the cap was ``baseline_bytes + limit_bytes``. ``peak_rss_bytes`` is the child's peak
+    resident memory.
     ``exitcode`` is the child's exit status (negative: killed by that signal).
     """
 
@@ -55,11 +65,52 @@ class ChildResult:
     seconds: float = 0.0
     exitcode: int | None = None
     stderr: str = ""
+    #: where the child got to: "start" (importing, reading its task), "cap" (warming up, setting the
+    #: cap), "run" (inside ``fn``) or "done"; "" when it died before reporting.
+    stage: str = ""
 
     @property
     def ok(self) -> bool:
         """True when the function returned normally."""
         return self.error is None and self.exitcode == 0
+
+    def explain(self) -> str:
+        """What happened in the child, in one paragraph: read it before ``value`` when ``ok`` is False."""
+        from .oom import is_oom
+
+        budget = f"{self.limit_bytes / _MIB:.0f} MiB"
+        if self.ok:
+            return f"the function returned normally within its budget of {budget} ({self.seconds:.1f} s)"
+        if self.error is None:
+            err = f"the child exited with code {self.exitcode} after reporting"
+        else:
+            err = f"{type(self.error).__name__}: {self.error}".strip().splitlines()[0][:400]
+        if self.stage == "run" and self.error is not None:
+            if is_oom(self.error):
+                return (
+                    f"the function ran out of memory under the cap (its budget: {budget} on top of "
+                    f"{self.baseline_bytes / _MIB:.0f} MiB at start-up) and did not catch it: {err}"
+                )
+            where = self.error_traceback.strip().splitlines()[-3:-1] if self.error_traceback else []
+            at = f" (at {' '.join(ln.strip() for ln in where)})" if where else ""
+            return f"the function raised {err}{at}; this is an error in the function, not an OOM"
+        if self.stage in ("start", "cap"):
+            what = "load the function and its arguments" if self.stage == "start" else "set its cap"
+            return f"the child could not {what}: {err}"
+        hint = ""
+        if "Thread creation failed" in self.stderr or "can't start new thread" in self.stderr:
+            hint = (
+                " It could not start a thread: every new thread's stack (8 MiB of address space by "
+                "default) counts against the cap. A thread pool the function starts itself (not torch's "
+                "own, started before the cap) needs a larger limit_bytes."
+            )
+        elif "timed out" in err:
+            hint = " Pass a larger timeout= if the function needs longer."
+        elif self.exitcode is not None and self.exitcode < 0:
+            hint = " A signal ended it (SIGKILL from outside: often the operating system's OOM killer)."
+        last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()][-1:]
+        said = f' Its last words: "{last[0].strip()[:300]}".' if last else ""
+        return f"{err}{said}{hint}"
 
 
 # ------------------------------------------------------------------------------------- in the child
@@ -69,8 +120,51 @@ def _address_space() -> int:
         return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (glibc >= 2.33): ten size_t counters; fordblks is the free bytes
+    _FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_FIELDS, "keepcost")]
+
+
+def _heap_free_bytes() -> int:
+    """Free bytes inside glibc's heap (``mallinfo2().fordblks``): mapped, so not counted by the cap's
+    growth, but reusable by the next small allocations; 0 where it cannot be read (not glibc, older)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)  # give the free top of the heap back first
+        libc.mallinfo2.restype = _MallInfo2
+        return int(libc.mallinfo2().fordblks)
+    except (OSError, AttributeError):
+        return 0
+
+
+def _warm_up() -> None:
+    """Map now, before the cap, what torch maps once and keeps (module docstring). Child only.
+
+    ``torch.cuda.is_available()`` loads the driver in a CUDA build (no GPU is visible in the child); a
+    small training step loads the lazily loaded libraries; an element-wise operation and a matrix
+    product large enough for every intra-op thread start the OpenMP team (and MKL's threads) at full
+    width — ``at::parallel_for`` starts only as many threads as the work has grains of 32,768 elements.
+    """
+    threads = max(1, torch.get_num_threads())
+    torch.cuda.is_available()  # a CUDA build loads the driver here; CUDA_VISIBLE_DEVICES="" hides GPUs
+    layer = torch.nn.Linear(256, 256)
+    loss = torch.nn.functional.cross_entropy(layer(torch.randn(256, 256)), torch.zeros(256, dtype=torch.long))
+    loss.backward()
+    torch.optim.Adam(layer.parameters()).step()
+    big = torch.ones(2 * 32_768 * threads)  # two grains per thread: the whole team
+    big.mul_(2.0).sum()
+    torch.mm(torch.ones(512, 512), torch.ones(512, 512))
+    del layer, loss, big
+
+
 def _cap_address_space(limit_bytes: int) -> int:
-    """Cap this process's address space at (now + ``limit_bytes``); return the baseline. Child only."""
+    """Cap this process's address space at baseline + ``limit_bytes``; return the baseline. Child only.
+
+    The baseline is the address space after the warm-up less the free room inside malloc's heap (room
+    that ``fn`` may fill without mapping anything): so ``fn`` gets ``limit_bytes`` of memory, not
+    ``limit_bytes`` plus whatever the warm-up left free.
+    """
     import mmap
     import resource
 
@@ -78,12 +172,9 @@ def _cap_address_space(limit_bytes: int) -> int:
         libc = ctypes.CDLL(None)  # tracks memory in use: one arena (a failed allocation would otherwise
         libc.mallopt(-8, 1)  # reserve a fresh 64 MiB arena; M_ARENA_MAX) and every block >= 128 KiB
         libc.mallopt(-3, 128 * 1024)  # mmap-ed, so that freeing it unmaps it (fixed M_MMAP_THRESHOLD)
-    # One tiny training step before the cap: thread pools, autograd's threads and lazily loaded
-    # libraries map their memory now, and do not count against the budget.
-    layer = torch.nn.Linear(8, 8)
-    torch.optim.Adam(layer.parameters()).step(layer(torch.ones(4, 8)).sum().backward())
-    del layer
-    baseline = _address_space()
+    _warm_up()  # thread pools, libraries, the driver: mapped now, they do not count against the budget
+    gc.collect()
+    baseline = _address_space() - _heap_free_bytes()
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = baseline + int(limit_bytes)
     if hard != resource.RLIM_INFINITY and cap > hard:
@@ -104,7 +195,7 @@ def _child_main() -> None:
     """Entry point of the capped child: ``python -c "..._child_main()" PAYLOAD RESULT``."""
     payload_path, result_path = sys.argv[1], sys.argv[2]
     start = time.monotonic()
-    out: dict[str, Any] = {"baseline": 0, "error": None, "traceback": "", "value": None}
+    out: dict[str, Any] = {"baseline": 0, "error": None, "traceback": "", "value": None, "stage": "start"}
     try:
         with open(payload_path, "rb") as fh:
             sys_path, blob, limit = pickle.load(fh)
@@ -112,8 +203,11 @@ def _child_main() -> None:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         fn, args, kwargs = pickle.loads(blob)
+        out["stage"] = "cap"
         out["baseline"] = _cap_address_space(limit)
+        out["stage"] = "run"
         out["value"] = fn(*args, **kwargs)
+        out["stage"] = "done"
     except BaseException as exc:  # hand every failure back to the parent
         out["traceback"] = traceback.format_exc()
         out["error"] = exc
@@ -193,7 +287,8 @@ def run_with_memory_limit(
 ) -> ChildResult:
     """Run ``fn(*args, **kwargs)`` in a fresh Python process allowed ``limit_bytes`` of extra memory.
 
-    The child imports torch, starts its thread pool, then caps its address space at its current size
+    The child imports torch, runs a small warm-up (libraries, the driver of a CUDA build, its thread
+    pools at full width: see the module docstring), then caps its address space at its current size
     plus ``limit_bytes`` (``RLIMIT_AS``; Linux only — elsewhere the child refuses to run rather than
     risk a real OOM). Any allocation beyond the cap fails immediately inside the child with PyTorch's
     CPU allocator error; this process is never at risk. Like ``multiprocessing``'s spawn, the child
@@ -203,7 +298,8 @@ def run_with_memory_limit(
 
     Returns a :class:`ChildResult`; an exception inside ``fn`` does not raise here but comes back as
     ``result.error`` (so that a notebook can look at it with :func:`~mgpu_helpers.troubleshoot.diagnose`),
-    and so does a child that timed out or died before reporting.
+    and so does a child that timed out or died before reporting. Check ``result.ok`` before reading
+    ``result.value`` (None when the child did not return); ``result.explain()`` says what happened.
     """
     _check_arguments(fn, limit_bytes, timeout)
     if sys.platform != "linux":
@@ -261,4 +357,5 @@ def run_with_memory_limit(
         seconds=seconds,
         exitcode=proc.returncode,
         stderr=stderr,
+        stage=str(out.get("stage", "")),
     )
