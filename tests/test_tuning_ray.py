@@ -13,6 +13,8 @@ import psutil
 import pytest
 from _scripts import graded, reference_solutions
 
+pytest.importorskip("ray", reason="Ray Tune is the `tune` extra (offline GPU checks leave its wheel out)")
+
 from mgpu_helpers import tuning
 from mgpu_helpers.processes import LOOPBACK, descendants, is_loopback, listening_addresses, stop_processes
 from mgpu_helpers.tuning import cluster as cluster_module
