@@ -242,7 +242,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes, one core each",
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU, larger models for the scaling study",
-        helpers=("data", "ddp", "exercises", "hardware", "labels", "launching", "models"),
+        helpers=("data", "ddp", "exercises", "hardware", "labels", "launching", "models", "processes"),
     ),
     Notebook(
         "04c",
@@ -439,6 +439,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "hardware",
             "labels",
             "launching",
+            "processes",
             "tuning",
         ),
         extra="capstone",

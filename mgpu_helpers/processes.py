@@ -1,5 +1,5 @@
-"""Used by notebooks 04a and 06b directly, and by every notebook that starts processes (01, 02a, 02b, 04a, 04b,
-05b, 06b, 07a, 07b) through
+"""Used by notebooks 04a, 04b, 06b and 08 directly, and by every notebook that starts processes (01, 02a,
+02b, 04a, 04b, 05b, 06b, 07a, 07b) through
 :mod:`mgpu_helpers.launching`, :mod:`mgpu_helpers.tuning` and :mod:`mgpu_helpers.troubleshoot`, and by
 the test suite's leftover-process check (``conftest.py``).
 

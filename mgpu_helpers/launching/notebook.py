@@ -168,6 +168,7 @@ def _worker(
     signal.signal(signal.SIGINT, signal.default_int_handler)  # started while Ctrl-C was held back
     server.die_with(state)
     server.adopt(state)
+    server.keep_freed_memory()
     os.environ.update(env)
     os.environ.update(
         MASTER_ADDR=LOOPBACK,

@@ -43,7 +43,8 @@ from typing import Any
 from ..processes import die_with_parent
 
 __all__ = [
-    "PRELOAD", "adopt", "context", "die_with", "no_main_import", "pack", "snapshot", "start_method", "unpack",
+    "PRELOAD", "adopt", "context", "die_with", "keep_freed_memory", "no_main_import", "pack", "snapshot",
+    "start_method", "unpack",
 ]  # fmt: skip
 
 #: What the forkserver imports once, so that no child pays for it: torch, the launcher (and so this
@@ -225,6 +226,27 @@ def adopt(state: dict[str, Any]) -> None:
     os.chdir(state["cwd"])
     sys.path[:] = state["path"]
     multiprocessing.set_start_method(state["start_method"], force=True)
+
+
+def keep_freed_memory() -> None:
+    """In a child: let glibc's malloc keep large freed blocks for reuse instead of returning them to the OS.
+
+    A fork of the kernel inherited the kernel's warmed-up heap; a fresh forkserver child starts with
+    glibc's defaults, under which a training step's large tensors are mapped, freed to the OS and
+    faulted in again every step — on 2 CPU cores a one-process DDP step of notebook 04b's
+    communication-bound model varied between 19 and 42 ms in a repeating pattern (about 21 ms in a forked
+    child; 19–21 ms with this). Fixed thresholds (mmap above 256 MiB,
+    trim above 512 MiB) make the child reuse its memory as a long-running training process does. A no-op
+    where the C library has no ``mallopt`` (macOS, musl).
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 256 * 2**20)  # M_MMAP_THRESHOLD (fixing it also stops glibc's dynamic adjustment)
+    mallopt(-1, 512 * 2**20)  # M_TRIM_THRESHOLD
 
 
 def die_with(state: dict[str, Any]) -> None:
