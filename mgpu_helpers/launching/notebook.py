@@ -193,6 +193,13 @@ def _worker(
         _join_group(rank, world_size, port, backend, timedelta(seconds=collective_timeout_s))
     try:
         result = fn(rank, world_size, *args)
+        if not init_group and dist.is_initialized():
+            # A group fn made itself: nobody tears it down while a peer may still be connecting to it
+            # ("Gloo connectFullMesh failed ... Connection closed by peer", seen once in CI), as
+            # _join_group's barrier ensures for launch's own group. A failed peer makes this raise: its
+            # own error, written first, is the one reported.
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
     except BaseException:
         # Note the time *before* tearing the group down: peers fail as soon as it goes, and the
         # parent must be able to tell the first failure from its consequences.
