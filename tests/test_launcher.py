@@ -92,6 +92,7 @@ def test_overall_timeout_stops_everything_and_leaves_no_temp_folder(monkeypatch,
     with pytest.raises(LaunchError, match="rank 1 raised first"):
         launch(fail_on_rank_one, 2, timeout_s=60)
     assert count_mgpu_entries(tmp_path) == 0
+    assert not list(tmp_path.glob("pytorch-errorfile-*")), "torch's error file of the failed rank is left"
 
 
 def killed_on_rank_one(rank: int, world_size: int):

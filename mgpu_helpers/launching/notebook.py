@@ -357,6 +357,10 @@ def _run(
         started = context.processes if context is not None else []
         stop_processes([*started, *(set(multiprocessing.active_children()) - earlier)], grace_s=1.0)
         shutil.rmtree(result_dir, ignore_errors=True)
+        # torch writes a failed rank's traceback to /tmp/pytorch-errorfile-*.pickle and never removes it
+        for path in getattr(context, "error_files", None) or []:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _failure_report(result_dir: str, nprocs: int, index: int, msg: str) -> str:
