@@ -27,6 +27,7 @@ grader rejects a known-wrong attempt).
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import traceback
 from collections.abc import Callable
@@ -155,6 +156,20 @@ def _where(exc: BaseException) -> str:
     return f" (line {frames[-1].lineno} of your code)" if frames else ""
 
 
+def _arity_problem(grader: Callable[..., Any], work: tuple[Any, ...]) -> str:
+    """"" when ``work`` fits the grader's parameters, else what to pass instead (a wrong count would
+    otherwise surface as a TypeError naming the grader, an internal function, as the student's fault)."""
+    try:
+        inspect.signature(grader).bind(*work)
+    except TypeError:
+        params = inspect.signature(grader).parameters.values()
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p.name for p in params if p.default is p.empty and p.kind != p.VAR_POSITIONAL]
+        count = f"{len(required)}" + (f" to {len(names)}" if len(names) > len(required) else "")
+        return f"it takes {count}: pass what the grade(...) line at the end of the exercise cell passes."
+    return ""
+
+
 def grade(exercise_id: str, *work: Any) -> CheckResult:
     """Run the grader of ``exercise_id`` on the student's ``work`` and print ⏳ / ✅ / ❌ with a hint.
 
@@ -171,6 +186,10 @@ def grade(exercise_id: str, *work: Any) -> CheckResult:
         raise ValueError(f"notebook {match.group(1)} has no exercise {exercise_id}")
     ex = _REGISTRY[exercise_id]
     label = f"Exercise {ex.id} ({ex.title})"
+    wanted = _arity_problem(ex.grader, work)
+    if wanted:
+        print(f"❌ {label}: grade() got {len(work)} piece(s) of work after the id; {wanted}")
+        return CheckResult(False)
     if any(_unwritten(w) for w in work):
         print(f"⏳ {label}: not written yet — {ex.hint}")
         return CheckResult(False)

@@ -53,6 +53,14 @@ def test_grade_reports_unwritten_correct_wrong_and_crashing_work(capsys):
     assert "your code raised IndexError" in out and "Hint: square each" in out
 
 
+def test_grade_with_the_wrong_number_of_arguments_says_so_instead_of_blaming_the_code(capsys):
+    for work in ((), (sum, sum)):
+        assert not grade("98z.1", *work)
+        out = capsys.readouterr().out
+        assert f"grade() got {len(work)} piece(s) of work after the id; it takes 1" in out
+        assert "_grade" not in out and "TypeError" not in out
+
+
 def test_grade_refuses_unknown_or_malformed_ids():
     with pytest.raises(ValueError, match="look like '04a.1'"):
         grade("4.1", print)

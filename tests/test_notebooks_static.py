@@ -49,15 +49,50 @@ def test_template_sections(path):
     assert len(re.findall(r"\]\(https?://", reading)) >= 3, "further reading: at least three links"
 
 
+GOING_DEEPER = "## Going deeper"
+
+
+def required_path(cells: list[dict]) -> list[dict]:
+    """The cells a student must study: everything before the optional "## Going deeper" section."""
+    for i, c in enumerate(cells):
+        if c["cell_type"] == "markdown" and _src(c).startswith(GOING_DEEPER):
+            return cells[:i]
+    return cells
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_going_deeper_is_optional_and_last(path):
+    cells = _load(path)["cells"]
+    required = required_path(cells)
+    extra = cells[len(required) :]
+    if not extra:
+        return
+    headings = [_src(c).splitlines()[0] for c in required if c["cell_type"] == "markdown" and _src(c)]
+    assert any(h.startswith("## Further reading") for h in headings), (
+        "'## Going deeper' comes last, after '## Further reading'"
+    )
+    for c in extra:
+        src = _src(c)
+        assert not src.startswith(("## Exercises", "## Summary", "## Further reading")), (
+            "a required section sits inside 'Going deeper'"
+        )
+        assert not re.search(r"\bgrade\(", src), "graded exercises belong to the required path"
+    assert "optional" in _src(extra[0])[:300].lower(), (
+        "say in the first lines of 'Going deeper' that it is optional"
+    )
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_unit_of_30_to_45_minutes_with_the_lesson_in_cells(path):
     cells = _load(path)["cells"]
-    prose = [_src(c) for c in cells if c["cell_type"] == "markdown"]  # code shown in prose is read too
-    code = [_src(c) for c in cells if c["cell_type"] == "code"]
+    required = required_path(cells)  # "Going deeper" is optional and not counted
+    prose = [_src(c) for c in required if c["cell_type"] == "markdown"]  # code shown in prose is read too
+    code = [_src(c) for c in required if c["cell_type"] == "code"]
     words = sum(len(m.split()) for m in prose)
     lines = sum(len(s.splitlines()) for s in code)  # blank lines included
-    assert words <= 2000, f"{words} words of prose: split or trim to <= 2000"
-    assert lines <= 300, f"{lines} lines of code: split or trim to <= 300"
+    assert words <= 2000, f"{words} words of prose in the required path: trim, or move extras to Going deeper"
+    assert lines <= 300, f"{lines} lines of code in the required path: trim, or move extras to Going deeper"
+    code = [_src(c) for c in cells if c["cell_type"] == "code"]
     for s in code:
         assert "getsource" not in s, "write the lesson in the cell instead of printing a helper's source"
         assert not re.search(r"\bcheck(_function)?\(", s), "answer checks show the answer: use grade(...)"
