@@ -1,0 +1,108 @@
+"""Used by notebooks 01c, 02c and 05c and their graders: the course's one communication spy.
+
+:class:`CollectiveSpy` is the spy notebook 01c has the student write: a ``TorchDispatchMode`` that sees
+every collective a rank calls — by hand (``dist.all_reduce``), through DTensor, or inside FSDP2 — and
+notes it with **one byte convention** used by every notebook that counts bytes:
+
+    ``nbytes`` = the size of the *full* tensor the collective works on: the tensor of an all-reduce or
+    broadcast, the gathered output of an all-gather, the input of a reduce-scatter (before it is
+    split), the message of a send / recv.
+
+With that convention a ring algorithm makes each rank send ``(n-1)/n · nbytes`` for an all-gather or a
+reduce-scatter and twice that for an all-reduce (:func:`ring_bytes_sent`), so one number compares
+tensor parallelism, DDP and FSDP. Collective *ops* are seen on the calling rank only: run the spy
+inside each rank's function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["Call", "CollectiveSpy", "ring_bytes_sent"]
+
+#: Operator names (after the namespace, without underscores at either end) → the course's names.
+_NAMES = {
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "send": "send",
+    "recv": "recv",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective seen by the spy: its name, element type and full-tensor size in bytes."""
+
+    op: str
+    dtype: torch.dtype
+    nbytes: int
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+class CollectiveSpy(TorchDispatchMode):
+    """Notes every collective called while it is active (``with CollectiveSpy() as spy: ...``).
+
+    ``spy.calls`` lists them in order as :class:`Call`; :meth:`count` and :meth:`bytes` sum them by name
+    ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv").
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        namespace, _, name = func.name().partition("::")
+        op = _NAMES.get(name.strip("_"))
+        if namespace in ("c10d", "_c10d_functional") and op is not None:
+            if op == "all_gather":  # the gathered output: c10d's first argument, or what functional returns
+                full = _tensors(args[0] if namespace == "c10d" else out)
+            elif op == "reduce_scatter":  # the input before it is split
+                full = _tensors(args[1] if namespace == "c10d" else args[0])
+            else:
+                full = _tensors(args[0])
+            if full:
+                self.calls.append(Call(op, full[0].dtype, sum(t.numel() * t.element_size() for t in full)))
+        return out
+
+    def count(self, op: str | None = None) -> int:
+        """How many collectives named ``op`` (all of them when ``op`` is None) were seen."""
+        return sum(op is None or c.op == op for c in self.calls)
+
+    def bytes(self, op: str | None = None) -> int:
+        """Their summed full-tensor sizes (the module's byte convention)."""
+        return sum(c.nbytes for c in self.calls if op is None or c.op == op)
+
+
+def ring_bytes_sent(op: str, nbytes: int, world_size: int) -> float:
+    """Bytes each rank sends for one collective of full size ``nbytes`` done as a ring of ``world_size``:
+    ``(n-1)/n · nbytes`` for an all-gather or a reduce-scatter, twice that for an all-reduce (it is a
+    reduce-scatter followed by an all-gather)."""
+    n = world_size
+    share = (n - 1) / n * nbytes
+    if op == "all_reduce":
+        return 2 * share
+    if op in ("all_gather", "reduce_scatter"):
+        return share
+    raise ValueError(f"no ring formula for {op!r}: use 'all_reduce', 'all_gather' or 'reduce_scatter'")
