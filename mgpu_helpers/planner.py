@@ -335,9 +335,15 @@ def plans_html(plans: list[Plan], limit: int = 12) -> str:
     )
     more = f"<p>… and {len(plans) - limit} more layouts</p>" if len(plans) > limit else ""
     fitting, gib = sum(q.fits for q in plans), plans[0].gpu_memory / GIB
+    if fitting == len(plans):
+        order = "fastest estimated step first"
+    elif fitting:
+        order = "fitting layouts first, fastest estimated step first; then the others, smallest memory first"
+    else:
+        order = "none fits: smallest memory first"
     return (
-        f"<p>{fitting} of {len(plans)} layouts fit in {USABLE:.0%} of {gib:g} GiB, fastest estimated step "
-        f"first (estimated: Playbook / Korthikanti formulas, assumed link and compute speeds)</p>"
+        f"<p>{fitting} of {len(plans)} layouts fit in {USABLE:.0%} of {gib:g} GiB; {order} (estimated: "
+        f"Playbook / Korthikanti formulas, assumed link and compute speeds)</p>"
         f"<table><tr>{head}</tr>{body}</table>{more}"
     )
 
@@ -353,23 +359,31 @@ def gpu_memory_gib(default: float = 80.0) -> tuple[float, str]:
 
 
 def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any:
-    """An ipywidgets form (core widgets: ipywidgets 7.7 and 8) that re-plans on every change. A preset
-    fills layers, hidden size and heads; other values plan a custom model (the Playbook's parameter count,
-    Llama's vocabulary). ``form.fields`` maps each field's description to it."""
+    """An ipywidgets form (core widgets: ipywidgets 7.7 and 8) that re-plans on every change, also while
+    a number is being typed (``continuous_update``). Its rows fit an output area of about 800 px. A
+    preset fills layers, hidden size and heads; other values plan a custom model (the Playbook's
+    parameter count, Llama's vocabulary). ``form.fields`` maps each field's description to it."""
     import ipywidgets as w
 
-    preset = w.Dropdown(options=list(PRESETS), value=LLAMA_8B.name, description="preset")
-    layers = w.IntText(value=LLAMA_8B.layers, description="layers")
-    hidden = w.IntText(value=LLAMA_8B.hidden, description="hidden")
-    heads = w.IntText(value=LLAMA_8B.heads, description="heads")
-    gpus = w.IntText(value=n_gpus, description="GPUs")
-    gpu_mem = w.FloatText(value=round(gpu_gib, 1), description="GiB per GPU")
-    seq = w.IntText(value=4096, description="seq length")
-    mbs = w.IntText(value=1, description="micro-batch")
-    global_batch = w.IntText(value=64, description="global batch")
+    def box(kind: Any, value: Any, description: str, width: str = "250px", **kw: Any) -> Any:
+        style = {"description_width": "100px"}
+        return kind(value=value, description=description, style=style, layout=w.Layout(width=width), **kw)
+
+    def number(kind: Any, value: Any, description: str) -> Any:  # re-plans while typing, not on Enter
+        return box(kind, value, description, continuous_update=True)
+
+    preset = box(w.Dropdown, LLAMA_8B.name, "preset", "380px", options=list(PRESETS))
+    layers = number(w.IntText, LLAMA_8B.layers, "layers")
+    hidden = number(w.IntText, LLAMA_8B.hidden, "hidden")
+    heads = number(w.IntText, LLAMA_8B.heads, "heads")
+    gpus = number(w.IntText, n_gpus, "GPUs")
+    gpu_mem = number(w.FloatText, round(gpu_gib, 1), "GiB per GPU")
+    seq = number(w.IntText, 4096, "seq length")
+    mbs = number(w.IntText, 1, "micro-batch")
+    global_batch = number(w.IntText, 64, "global batch")
     labels = ("none (scores stored, no FlashAttention)", "selective (= FlashAttention)", "full")
     options = list(zip(labels, _RECOMPUTE, strict=True))
-    recompute = w.Dropdown(options=options, value="materialised", description="recompute")
+    recompute = box(w.Dropdown, "materialised", "recompute", "520px", options=options)
     out = w.HTML()
 
     def use_preset(*_: Any) -> None:
@@ -393,7 +407,7 @@ def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any
     for f in fields:
         f.observe(refresh, names="value")
     refresh()
-    rows = [w.HBox([preset, layers, hidden, heads]), w.HBox([gpus, gpu_mem, seq]), w.HBox(fields[6:])]
-    form = w.VBox([*rows, out])
+    rows = [[preset], [layers, hidden, heads], [gpus, gpu_mem], [seq, mbs, global_batch], [recompute]]
+    form = w.VBox([*(w.HBox(row) for row in rows), out])  # rows of at most 3 × 250 px
     form.fields = {f.description: f for f in (preset, *fields)}
     return form

@@ -1,6 +1,11 @@
-"""Reference solutions of notebook 05d's exercises and typical wrong attempts (tests/test_solutions.py)."""
+"""Reference solutions of notebook 05d's exercises, typical wrong attempts and known shortcuts
+(tests/test_solutions.py)."""
 
-from mgpu_helpers.planner import INTER_NODE_BW, INTRA_NODE_BW
+from dataclasses import replace
+
+from mgpu_helpers.graders import nb05d as _grader
+from mgpu_helpers.planner import communication_bytes as _ready_traffic
+from mgpu_helpers.planner import plan as _estimate
 
 
 def _state(psi, dp, tp, pp, zero):
@@ -44,48 +49,58 @@ def largest_micro_batch_one_in_flight(model, work, layout, budget):
     return max(fitting, default=None)
 
 
-def _seconds(cost):
-    return (
-        cost["compute_s"] / (1 - cost["bubble"])
-        + cost["intra"] / INTRA_NODE_BW
-        + cost["inter"] / INTER_NODE_BW
-    )
+def largest_micro_batch_from_aliased_planner(model, work, layout, budget):
+    """Shortcut: the planner's own estimate under another name (``plan as _estimate``)."""
+    per_rank = work.global_batch // layout.dp
+    sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+    fits = [b for b in sizes if _estimate(model, replace(work, micro_batch=b), layout).memory <= budget]
+    return max(fits, default=None)
 
 
-def best_layout(n_gpus, heads, layers, budget, estimate):
-    best, best_time = None, None
-    for tp in range(1, min(8, n_gpus) + 1):
-        for pp in range(1, n_gpus // tp + 1):
-            if n_gpus % (tp * pp) or heads % tp or layers % pp:
-                continue
-            dp = n_gpus // (tp * pp)
-            for zero in (0, 1, 2, 3) if dp > 1 else (0,):
-                cost = estimate(dp, tp, pp, zero)
-                if cost is None or cost["memory"] > budget:
-                    continue
-                if best_time is None or _seconds(cost) < best_time:
-                    best, best_time = (dp, tp, pp, zero), _seconds(cost)
-    return best
+def largest_micro_batch_from_the_grader(model, work, layout, budget):
+    """Shortcut: the grader's own answer key, reached through the module."""
+    return _grader._largest(model, work, layout, budget)[0]
 
 
-def best_layout_one_kind_at_a_time(n_gpus, heads, layers, budget, estimate):
-    """Tries pure DP/ZeRO, pure TP and pure PP, never a combination."""
-    options = [(n_gpus, 1, 1, z) for z in (0, 1, 2, 3)]
-    if n_gpus <= 8 and heads % n_gpus == 0:
-        options.append((1, n_gpus, 1, 0))
-    if layers % n_gpus == 0:
-        options.append((1, 1, n_gpus, 0))
-    best, best_time = None, None
-    for layout in options:
-        cost = estimate(*layout)
-        if (
-            cost is not None
-            and cost["memory"] <= budget
-            and (best_time is None or _seconds(cost) < best_time)
-        ):
-            best, best_time = layout, _seconds(cost)
-    return best
+def bytes_sent(model, work, layout):
+    d, t, p, b = layout.dp, layout.tp, layout.pp, work.micro_batch
+    m = work.global_batch // (d * b)  # micro-batches per data-parallel rank
+    share, ring = model.params / (t * p), (d - 1) / d
+    values = {0: 2 * ring, 1: 2 * ring, 2: (m + 1) * ring, 3: 3 * m * ring}[layout.zero] * share
+    bsh = b * work.seq_len * model.hidden
+    all_reduces = 6 if work.recompute == "full" else 4  # full recomputation repeats the forward's two
+    tp_values = all_reduces * 2 * (t - 1) / t * bsh * (model.layers // p) * m
+    pp_values = (0 if p == 1 else 1 if p == 2 else 2) * bsh * m  # a middle stage sends both ways
+    return {"DP": 2 * values, "TP": 2 * tp_values, "PP": 2 * pp_values}  # bf16: 2 bytes per value
 
 
-SOLUTIONS = {"05d.1": (largest_micro_batch,), "05d.2": (best_layout,)}
-WRONG = {"05d.1": (largest_micro_batch_one_in_flight,), "05d.2": (best_layout_one_kind_at_a_time,)}
+def bytes_sent_zero3_once_per_step(model, work, layout):
+    """Counts ZeRO-3's gathers and reduce-scatter once per step, not once per micro-batch."""
+    sent = bytes_sent(model, work, layout)
+    if layout.zero == 3:
+        sent["DP"] = 2 * 3 * (layout.dp - 1) / layout.dp * model.params / (layout.tp * layout.pp)
+    return sent
+
+
+def bytes_sent_from_aliased_planner(model, work, layout):
+    """Shortcut: the planner's ``communication_bytes`` under another name."""
+    return _ready_traffic(model, work, layout)
+
+
+def bytes_sent_from_a_plan(model, work, layout):
+    """Shortcut: the traffic a whole plan computes, ``plan(...).comm``, under another name."""
+    return dict(_estimate(model, work, layout).comm)
+
+
+SOLUTIONS = {"05d.1": (largest_micro_batch,), "05d.2": (bytes_sent,)}
+WRONG = {"05d.1": (largest_micro_batch_one_in_flight,), "05d.2": (bytes_sent_zero3_once_per_step,)}
+SHORTCUTS = {
+    "05d.1": {
+        "aliased planner": (largest_micro_batch_from_aliased_planner,),
+        "grader's answer key": (largest_micro_batch_from_the_grader,),
+    },
+    "05d.2": {
+        "aliased communication_bytes": (bytes_sent_from_aliased_planner,),
+        "aliased plan().comm": (bytes_sent_from_a_plan,),
+    },
+}

@@ -1,5 +1,5 @@
-"""Reference solutions of notebook 06b's exercises (and typical wrong attempts), run by
-tests/test_solutions.py."""
+"""Reference solutions of notebook 06b's exercises, typical wrong attempts and known shortcuts, run by
+tests/test_solutions.py (06b.1 by tests/test_tuning_ray.py, on its shared Ray cluster)."""
 
 import os
 import tempfile
@@ -40,6 +40,27 @@ def trainable_never_resuming(config):
             )
 
 
+def trainable_replaying_the_epochs(config):
+    """Shortcut: checkpoints only the epoch count and, after a restart, silently trains the earlier epochs
+    again from scratch; its reports are right, but nothing was resumed."""
+    run = tuning.TrialRun(config, seed=config["seed"])
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder, open(os.path.join(folder, "epoch.txt")) as f:
+            done = int(f.read())
+        for _ in range(done):
+            run.step()  # replayed, not reported
+    while run.epoch < config["max_epochs"]:
+        metrics = run.step()
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "epoch.txt"), "w") as f:
+                f.write(str(run.epoch))
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
+
+
 def make_scheduler():
     return ASHAScheduler(metric="accuracy", mode="max", max_t=32, grace_period=2, reduction_factor=4)
 
@@ -51,3 +72,5 @@ def make_scheduler_halving():
 
 SOLUTIONS = {"06b.1": (trainable,), "06b.2": (make_scheduler,)}
 WRONG = {"06b.1": (trainable_never_resuming,), "06b.2": (make_scheduler_halving,)}
+#: 06b.1's shortcuts are graded on the shared Ray cluster of tests/test_tuning_ray.py.
+SHORTCUTS = {"06b.1": {"epoch count only, epochs replayed": (trainable_replaying_the_epochs,)}}

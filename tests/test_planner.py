@@ -13,6 +13,7 @@ from mgpu_helpers.planner import (
     INTRA_NODE_BW,
     LLAMA_8B,
     LLAMA_70B,
+    LLAMA_405B,
     USABLE,
     Layout,
     Transformer,
@@ -181,6 +182,25 @@ def test_form_replans_when_a_field_changes():
     assert "custom" in out.value
     form.fields["GPUs"].value = 7
     assert "No layout uses exactly 7 GPUs" in out.value
+
+
+def test_form_rows_fit_800_px_and_numbers_update_while_typing():
+    pytest.importorskip("ipywidgets")
+    form = planner_form(8, 80.0)
+    for row in form.children[:-1]:
+        widths = [int(f.layout.width.removesuffix("px")) for f in row.children]
+        assert sum(widths) + 10 * len(widths) <= 800, widths  # JupyterLab's output area, margins included
+    numbers = [f for f in form.fields.values() if hasattr(f, "continuous_update")]
+    assert len(numbers) >= 8 and all(f.continuous_update for f in numbers)
+
+
+def test_table_caption_says_the_order_it_shows():
+    work = Workload(4096, 1, 8)
+    assert "none fits: smallest memory first" in plans_html(plan_all(LLAMA_405B, work, 8, 80.0))
+    mixed = plans_html(plan_all(LLAMA_70B, Workload(4096, 1, 64, recompute="selective"), 32, 80.0))
+    assert "fitting layouts first, fastest estimated step first; then the others, smallest memory" in mixed
+    every = plans_html(plan_all(LLAMA_8B, Workload(1024, 1, 8, recompute="selective"), 8, 10**6))
+    assert "; fastest estimated step first" in every and "none fits" not in every
 
 
 def _real_state(rank, world_size):

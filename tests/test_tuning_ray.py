@@ -354,3 +354,12 @@ def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt, exerc
     ok, printed = graded(exercise_id, *getattr(reference_solutions(notebook), attempt)[exercise_id])
     assert ok == (attempt == "SOLUTIONS"), printed
     assert printed.startswith("✅" if ok else "❌"), printed
+
+
+@pytest.mark.parametrize("name", sorted(reference_solutions("06b").SHORTCUTS["06b.1"]))
+def test_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
+    """06b.1's known shortcuts (tests/test_solutions.py leaves them here too): a trainable that
+    checkpoints only the epoch count and replays the earlier epochs after the restart reports the right
+    numbers, yet the grader sees the replayed training and rejects it."""
+    ok, printed = graded("06b.1", *reference_solutions("06b").SHORTCUTS["06b.1"][name])
+    assert not ok and printed.startswith("❌ Exercise 06b.1") and "restor" in printed, printed

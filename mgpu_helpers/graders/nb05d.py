@@ -1,13 +1,17 @@
-"""Used by notebook 05d's exercises: the largest micro-batch that fits a GPU for a given layout (05d.1),
-graded against the planner's hidden estimate on many configurations; and a layout search ranked by the
-estimated step time (05d.2), graded on scenarios against :func:`~mgpu_helpers.planner.plan_all` —
-among them one where memory rules out the fastest layout and one where nothing fits.
+"""Used by notebook 05d's exercises: the largest micro-batch that fits a GPU for a given layout (05d.1)
+and the bytes one GPU sends per optimizer step (05d.2), both graded against the planner's hidden
+estimate on many configurations.
+
+The student writes the formulas: work that calls the planner's or the memory module's estimators, or
+this module's answer key, is rejected — by name (``forbid``) and, for aliases (``from
+mgpu_helpers.planner import plan as p``), by watching which functions run while the work runs.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -21,8 +25,52 @@ _FORBID = (
     "communication_bytes",
     "state_bytes",
     "predict_memory",
+    "transformer_activation_bytes",
     "planner",
+    "_largest",
+    "_micro_batch_cases",
+    "_traffic_cases",
 )
+
+
+def _answer_keys() -> dict[Any, str]:
+    """Code objects whose running means the work used a ready-made estimate, with their names."""
+    from .. import memory, planner
+
+    keys = {
+        "plan": planner.plan,
+        "plan_all": planner.plan_all,
+        "activation_bytes": planner.activation_bytes,
+        "communication_bytes": planner.communication_bytes,
+        "state_bytes": planner.state_bytes,
+        "predict_memory": memory.predict_memory,
+        "transformer_activation_bytes": memory.transformer_activation_bytes,
+        "the grader's own answer": _largest,
+        "the grader's own cases": _micro_batch_cases,
+        "the grader's own traffic cases": _traffic_cases,
+    }
+    return {f.__code__: name for name, f in keys.items()}
+
+
+def _run_watched(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)``, raising :class:`Wrong` if it ran one of :func:`_answer_keys` (under any name)."""
+    keys, used = _answer_keys(), []
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in keys:
+            used.append(keys[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        result = work(*args)
+    finally:
+        sys.setprofile(previous)
+    if used:
+        raise Wrong(
+            f"your function ran {used[0]}, a ready-made answer (under another name); write the formula."
+        )
+    return result
 
 
 def _micro_batch_cases() -> list[tuple[Any, Any, Any, int]]:
@@ -79,92 +127,71 @@ def grade_micro_batch(largest_micro_batch: Callable[..., Any]) -> str:
             f"recompute={work.recompute!r}, sequence_parallel={work.sequence_parallel}, {layout.name}, "
             f"budget={budget / 2**30:.1f} GiB)"
         )
-        got = largest_micro_batch(model, replace(work, micro_batch=1), layout, budget)
+        got = _run_watched(largest_micro_batch, model, replace(work, micro_batch=1), layout, budget)
         if got != want:
             raise Wrong(f"{call} returned {got!r}; the estimate allows {want!r}.")
         n, none = n + 1, none + (want is None)
     return f"equal to the estimate on {n} configurations ({none} where not even b = 1 fits)"
 
 
-def _scenarios() -> list[tuple[str, Any, Any, int, float]]:
-    from ..planner import LLAMA_8B, LLAMA_70B, LLAMA_405B, Workload
+def _traffic_cases() -> list[tuple[Any, Any, Any]]:
+    from ..planner import LLAMA_8B, LLAMA_70B, Layout, Transformer, Workload
 
-    return [
-        (
-            "Llama 8B on 8 × 80 GiB, selective",
-            LLAMA_8B,
-            Workload(4096, 1, 64, recompute="selective"),
-            8,
-            80.0,
-        ),
-        (
-            "Llama 8B on 8 × 24 GiB, full recomputation",
-            LLAMA_8B,
-            Workload(4096, 1, 64, recompute="full"),
-            8,
-            24.0,
-        ),
-        ("Llama 70B on 32 × 80 GiB", LLAMA_70B, Workload(4096, 1, 64, recompute="selective"), 32, 80.0),
-        (
-            "Llama 70B on 64 × 40 GiB (memory rules out the fastest layout)",
-            LLAMA_70B,
-            Workload(4096, 1, 256, recompute="full"),
-            64,
-            40.0,
-        ),
-        ("Llama 405B on 8 × 80 GiB (nothing fits)", LLAMA_405B, Workload(4096, 1, 8), 8, 80.0),
-    ]
+    small = Transformer("24 × 2048", 24, 2048, 16, 50_257)
+    layouts = {
+        small: [
+            Layout(8),
+            Layout(4, 2, zero=2),
+            Layout(2, 1, 4, zero=3),
+            Layout(1, 4, 2),
+            Layout(2, 2, 2, zero=1),
+        ],
+        LLAMA_8B: [Layout(8, zero=3), Layout(4, 2, zero=1), Layout(2, 2, 2, zero=2), Layout(1, 8, 4)],
+        LLAMA_70B: [Layout(4, 8, zero=3), Layout(2, 8, 4, zero=1), Layout(1, 8, 8), Layout(16, 4, 2, zero=2)],
+    }
+    cases = []
+    for model, outs in layouts.items():
+        for layout, (s, b, g), rc in itertools.product(
+            outs, ((2048, 1, 256), (4096, 2, 64), (8192, 1, 32)), ("selective", "full")
+        ):
+            cases.append((model, Workload(s, b, g, recompute=rc), layout))
+    return cases
 
 
 @exercise(
     "05d.2",
-    "search the layouts for the fastest one that fits",
-    hint="try every combination: tp and pp together (and with dp), not one kind of parallelism at a time; "
-    "respect tp ≤ 8 dividing the heads, pp dividing the layers, ZeRO only where dp > 1, and count the "
-    "bubble and both kinds of traffic in the time.",
+    "the bytes one GPU sends per step",
+    hint="P = params/(t·p) and m = global_batch/(dp·b); a ring all-reduce sends 2(n−1)/n of its buffer, a "
+    "reduce-scatter or all-gather (n−1)/n; ZeRO-2 and ZeRO-3 communicate per micro-batch; TP all-reduces "
+    "b·s·h activations in each of the stage's L/p layers; full recomputation repeats the forward's two; "
+    "a middle pipeline stage sends both ways; 2 bytes per value.",
     forbid=_FORBID,
 )
-def grade_search(best_layout: Callable[..., Any]) -> str:
-    """Run ``best_layout(n_gpus, heads, layers, budget, estimate)`` on scenarios."""
-    if not callable(best_layout):
-        raise Wrong(f"pass your function best_layout itself, not {type(best_layout).__name__}.")
-    from ..planner import GIB, USABLE, Layout, plan, plan_all
+def grade_traffic(bytes_sent: Callable[..., Any]) -> str:
+    """Compare ``bytes_sent(model, work, layout)`` with the planner's estimate, kind by kind."""
+    if not callable(bytes_sent):
+        raise Wrong(f"pass your function bytes_sent itself, not {type(bytes_sent).__name__}.")
+    from ..planner import communication_bytes
 
-    seen = []
-    for title, model, work, n, gib in _scenarios():
-
-        def estimate(dp, tp, pp, zero, model=model, work=work, gib=gib, n=n, title=title):
-            if dp * tp * pp != n:
-                raise Wrong(f"{title}: estimate({dp}, {tp}, {pp}, {zero}) does not use all {n} GPUs.")
-            if work.global_batch % (dp * work.micro_batch):
-                return None  # the global batch does not split over dp ranks
-            q = plan(model, work, Layout(dp, tp, pp, zero), gib)
-            return {"memory": q.memory, "intra": q.intra, "inter": q.inter, "bubble": q.bubble,
-                    "compute_s": q.compute_s}  # fmt: skip
-
-        got = best_layout(n, model.heads, model.layers, USABLE * gib * GIB, estimate)
-        best = next((q for q in plan_all(model, work, n, gib) if q.fits), None)
-        if best is None:
-            if got is not None:
-                raise Wrong(f"{title}: you return {got!r}, but no layout fits; return None.")
-            seen.append("nothing fits → None")
-            continue
-        if got is None:
-            raise Wrong(f"{title}: you return None, but some layout fits in {USABLE:.0%} of {gib:g} GiB.")
-        try:
-            dp, tp, pp, zero = got
-            q = plan(model, work, Layout(dp, tp, pp, zero), gib)
-        except (TypeError, ValueError) as exc:
-            raise Wrong(f"{title}: {got!r} is not a valid (dp, tp, pp, zero) layout: {exc}") from None
-        if dp * tp * pp != n or tp > 8:
-            raise Wrong(f"{title}: {got!r} does not use exactly {n} GPUs with TP inside one node of 8.")
-        if not q.fits:
-            raise Wrong(f"{title}: {q.layout.name} needs {q.memory / GIB:.0f} GiB per GPU, over the budget.")
-        if q.seconds > best.seconds * (1 + 1e-9):
-            raise Wrong(
-                f"{title}: {q.layout.name} fits, but another layout's estimated step is {best.seconds:.2f} s "
-                f"(yours {q.seconds:.2f} s: bubble {q.bubble:.0%}, {q.intra / 1e9:.0f} GB inside nodes, "
-                f"{q.inter / 1e9:.0f} GB across)."
-            )
-        seen.append(f"{q.layout.name} ({q.seconds:.1f} s)")
-    return "fastest layouts that fit: " + "; ".join(seen)
+    cases = _traffic_cases()
+    for model, work, layout in cases:
+        want = communication_bytes(model, work, layout)
+        call = (
+            f"bytes_sent({model.name}, seq_len={work.seq_len}, micro_batch={work.micro_batch}, "
+            f"global_batch={work.global_batch}, recompute={work.recompute!r}, {layout.name})"
+        )
+        got = _run_watched(bytes_sent, model, work, layout)
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise Wrong(f"{call} returned {got!r}; return a dict with the keys 'DP', 'TP' and 'PP'.")
+        for kind in ("DP", "TP", "PP"):
+            try:
+                value = float(got[kind])
+            except (TypeError, ValueError):
+                raise Wrong(f"{call}[{kind!r}] is {got[kind]!r}, not a number of bytes.") from None
+            if not math.isclose(value, want[kind], rel_tol=1e-6, abs_tol=1):
+                if want[kind] == 0:
+                    raise Wrong(
+                        f"{call}[{kind!r}] is {value:,.0f} bytes, but this layout sends nothing for {kind}."
+                    )
+                raise Wrong(f"{call}[{kind!r}] is {value / want[kind]:.3g} × the estimate.")
+    return f"equal to the estimate, kind by kind, in {len(cases)} cases (ZeRO 0–3, TP, PP, recomputation)"

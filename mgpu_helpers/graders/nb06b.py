@@ -66,7 +66,9 @@ def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[st
 
     The crash is raised by :meth:`TrialRun.step` (patched in the trial's worker process only, while the
     trial runs), so it hits the student's loop wherever it is; ``marker`` (a file path) records that it
-    happened, because the retried trial runs in a new actor.
+    happened, because the retried trial runs in a new actor. After the crash, every epoch trained is
+    logged to ``marker + ".after"``: the epochs the run had done and a fingerprint of its weights when the
+    epoch started, so that the grader sees whether the restart restored the model or trained it again.
     """
 
     def crashing(config: dict[str, Any]) -> None:
@@ -77,7 +79,10 @@ def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[st
         original = TrialRun.step
 
         def step(self: Any) -> dict[str, float]:
-            if self.epoch == _CRASH_BEFORE - 1 and not Path(marker).exists():
+            if Path(marker).exists():
+                with open(marker + ".after", "a") as log:
+                    log.write(f"{self.epoch} {_fingerprint(self.model)!r}\n")
+            elif self.epoch == _CRASH_BEFORE - 1:
                 Path(marker).touch()
                 raise SimulatedCrash(f"simulated crash before epoch {_CRASH_BEFORE} (by the grader)")
             return original(self)
@@ -89,6 +94,46 @@ def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[st
             TrialRun.step = original
 
     return crashing
+
+
+def _fingerprint(model: Any) -> float:
+    """A number that changes when any weight changes: the sum of all weights, each scaled by its index."""
+    import torch
+
+    with torch.no_grad():
+        flat = torch.cat([p.detach().double().cpu().flatten() for p in model.parameters()])
+        return float((flat * torch.arange(1, len(flat) + 1, dtype=torch.float64)).sum())
+
+
+def _trained_after_restart(marker: str) -> list[tuple[int, float]]:
+    """(epochs done, weight fingerprint) at the start of each epoch trained after the crash."""
+    if not os.path.exists(marker + ".after"):
+        return []
+    with open(marker + ".after") as log:
+        return [(int(e), float(f)) for e, f in (line.split() for line in log if line.strip())]
+
+
+def _check_resumed(trained: list[tuple[int, float]], epochs: int) -> None:
+    """Raise :class:`Wrong` unless the restarted trial continued from restored weights, training each
+    remaining epoch once (an epoch count alone, with the earlier epochs replayed, is not a resume)."""
+    from ..tuning import TrialRun
+
+    if not trained:
+        raise Wrong("after the crash, your trainable trained no epoch: did it return early after restoring?")
+    done = [e for e, _ in trained]
+    if done[0] == 0 or done != list(range(done[0], epochs)):
+        raise Wrong(
+            f"after the restart your trainable trained epochs {[e + 1 for e in done]}: it trained the epochs "
+            f"before the crash again instead of restoring the model from the checkpoint."
+        )
+    local = TrialRun({k: _CONFIG[k] for k in ("l1", "l2", "lr", "batch_size")}, seed=_CONFIG["seed"])
+    for _ in range(done[0]):
+        local.step()
+    if not np.isclose(trained[0][1], _fingerprint(local.model), rtol=1e-6, atol=1e-6):
+        raise Wrong(
+            f"after the restart, the model that trained epoch {done[0] + 1} did not have the weights of "
+            f"the run after epoch {done[0]}: restore the model from the checkpoint, not just the epoch."
+        )
 
 
 @exercise(
@@ -126,7 +171,7 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             ),
         ).fit()[0]
         crashed, error, df = os.path.exists(marker), result.error, result.metrics_dataframe
-        checkpoint = result.checkpoint
+        checkpoint, trained = result.checkpoint, _trained_after_restart(marker)
     epochs = _CONFIG["max_epochs"]
     if error is not None:
         last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
@@ -155,9 +200,11 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
                 f"{iterations} it reported {column} {[round(v, 4) for v in got]}, but one uninterrupted run "
                 f"of {epochs} epochs gives {[round(m[column], 4) for m in expected]}."
             )
+    _check_resumed(trained, epochs)
     return (
-        f"crashed before epoch {_CRASH_BEFORE}, restarted by Tune from your checkpoint, and its reports "
-        f"equal one uninterrupted run of {epochs} epochs"
+        f"crashed before epoch {_CRASH_BEFORE}, restarted by Tune from your checkpoint with the model's "
+        f"weights restored, each remaining epoch trained once, and its reports equal one uninterrupted run "
+        f"of {epochs} epochs"
     )
 
 
