@@ -76,5 +76,84 @@ def train_mean_of_means(model, batches, device_ids, lr=0.5):
     return losses
 
 
+# --- shortcuts: the right numbers without the mechanism the exercise teaches (each must get a ❌) --------
+
+
+def forward_whole_batch(module, x, device_ids, output_device, dim=0):
+    """No split at all: the unsplit model on device 0, its output moved to ``output_device``."""
+    return B.parallel.gather([module(x)], output_device, dim)
+
+
+def forward_chunks_without_replicas(module, x, device_ids, output_device, dim=0):
+    """Chunks sent to every device, but all fed to the one original model (its weights on device 0)."""
+    chunks = B.parallel.scatter(x, device_ids, dim)
+    return B.parallel.gather([module(c) for c in chunks], output_device, dim)
+
+
+def forward_replicas_one_after_another(module, x, device_ids, output_device, dim=0):
+    """Replicas and chunks, but run in a loop in the caller's thread instead of parallel_apply."""
+    chunks = B.parallel.scatter(x, device_ids, dim)
+    replicas = B.parallel.replicate(module, device_ids[: len(chunks)])
+    outputs = [r(c) for r, c in zip(replicas, chunks, strict=True)]
+    return B.parallel.gather(outputs, output_device, dim)
+
+
+def train_plain(model, batches, device_ids, lr=0.5):
+    """Plain single-device training: the same losses and weights, no data parallelism."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def train_plain_beside_data_parallel(model, batches, device_ids, lr=0.5):
+    """DataParallel runs, but only for show: the step is taken with the plain model on the whole batch."""
+    parallel = B.DataParallel(WithLoss(model), device_ids)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        with torch.no_grad():
+            parallel(x, y)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def train_chunks_in_one_thread(model, batches, device_ids, lr=0.5):
+    """Gradient accumulation over the chunks, one after the other on one device: split, not parallel."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        total = 0.0
+        for xc, yc in zip(x.chunk(len(device_ids)), y.chunk(len(device_ids)), strict=True):
+            loss = F.cross_entropy(model(xc), yc, reduction="sum") / len(x)
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses
+
+
 SOLUTIONS = {"03a.1": (data_parallel_forward,), "03a.2": (train,)}
 WRONG = {"03a.1": (data_parallel_forward_fixed_dim,), "03a.2": (train_mean_of_means,)}
+SHORTCUTS = {
+    "03a.1": {
+        "whole_batch_on_one_device": (forward_whole_batch,),
+        "chunks_without_replicas": (forward_chunks_without_replicas,),
+        "replicas_one_after_another": (forward_replicas_one_after_another,),
+    },
+    "03a.2": {
+        "plain_single_device_training": (train_plain,),
+        "plain_step_beside_data_parallel": (train_plain_beside_data_parallel,),
+        "chunks_in_one_thread": (train_chunks_in_one_thread,),
+    },
+}

@@ -8,17 +8,24 @@ otherwise (4 of them: real threads, chunks and copies, every tensor's device kno
 03a.1 calls the student's ``data_parallel_forward(module, x, device_ids, output_device, dim)`` on a batch
 of 30 on 2 devices, a batch smaller than "two per device" (fewer chunks than devices), a subset of the
 devices with the output gathered on another one, and batch-second RNN input with ``dim=1``. It checks
-which devices the replicas ran on and what they received, where the output lives, and that outputs and
-gradients equal those of the unsplit model (float64).
+which devices the model's copies ran on, what they received, that each ran with weights on its own device
+(a replica, not the original model fed chunks from elsewhere) and in a thread of its own when there are
+several (``parallel_apply``), where the output lives, and that outputs and gradients equal those of the
+unsplit model (float64).
 
 03a.2 trains a small float64 MLP for three steps with the student's ``train(model, batches, device_ids)``
 (batches of 12, 12 and 7 samples, so the last one splits unevenly) and compares every step's loss and
-the final weights with plain single-device training on the same batches.
+the final weights with plain single-device training on the same batches. A hook on the model's first
+layer records every forward call: each batch must have been split over all the devices, one chunk per
+device as ``nn.DataParallel`` cuts it, and never run whole (plain training gets the same numbers without
+any data parallelism).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -79,10 +86,20 @@ def _forward_case(
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
 
+    # A copy of the model records where its input and its weights live, how many items it got, and
+    # whether it ran in the caller's thread (replicas carry the hook: replicate copies hooks along).
+    first = next(name for name, _ in model.named_parameters())
+    caller = threading.get_ident()
     seen: list[tuple[str, int]] = []
-    hook = model.register_forward_pre_hook(
-        lambda m, args: seen.append((b.where(args[0]), args[0].shape[dim]))
-    )
+    weights_on: list[tuple[str, str]] = []
+    threads: list[bool] = []
+
+    def record(m: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.append((b.where(args[0]), args[0].shape[dim]))
+        weights_on.append((b.where(args[0]), b.where(functools.reduce(getattr, first.split("."), m))))
+        threads.append(threading.get_ident() == caller)
+
+    hook = model.register_forward_pre_hook(record)
     with b.home(0):
         tracker = MemoryTracker(model)
     try:
@@ -110,6 +127,17 @@ def _forward_case(
         raise Wrong(
             f"{what}: the model's copies received {got} (items along dim={dim}); "
             f"nn.DataParallel would give {want}."
+        )
+    for data_on, weight_on in weights_on:
+        if data_on != weight_on:
+            raise Wrong(
+                f"{what}: the model ran on a chunk on {data_on} with its weights on {weight_on}: each "
+                "device needs its own copy of the model (a replica), run on that device's chunk."
+            )
+    if len(seen) > 1 and any(threads):
+        raise Wrong(
+            f"{what}: the model's copies ran one after the other in your own thread: nn.DataParallel runs "
+            "them at the same time, one thread per device."
         )
     if out.shape != expected.shape:
         raise Wrong(
@@ -202,7 +230,7 @@ def _batches(dev: Any) -> list[tuple[Tensor, Tensor]]:
 )
 def grade_train(train: Callable[..., Any]) -> str:
     """Train with the student's loop and with a plain loop; losses and final weights must agree."""
-    from ..data_parallel import chunk_sizes
+    from ..data_parallel import chunk_sizes, current_device
 
     b, ids = _backend()
     dev = b.device(0) if b.real else "cpu"
@@ -220,9 +248,44 @@ def grade_train(train: Callable[..., Any]) -> str:
         optimizer.zero_grad()
         expected.append(loss.item())
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # real GPUs: "Was asked to gather along dimension 0, but ... scalars"
-        losses = train(student, batches, ids)
+    # Every forward call of the first layer, in the student's model and in every replica of it (replicate
+    # copies hooks along): on which device it ran and on how many samples.
+    calls: list[tuple[str, int]] = []
+
+    def record(_m: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0]
+        where = str(x.device) if b.real else current_device() or "no device (your own thread)"
+        calls.append((where, len(x)))
+
+    hook = student[0].register_forward_pre_hook(record)
+    try:
+        with warnings.catch_warnings():
+            # real GPUs: "Was asked to gather along dimension 0, but ... scalars"
+            warnings.simplefilter("ignore")
+            losses = train(student, batches, ids)
+    finally:
+        hook.remove()
+    wanted = sorted(
+        (str(b.device(i)), n)
+        for x, _ in batches
+        for i, n in zip(ids, chunk_sizes(len(x), len(ids)), strict=False)
+    )
+    if sorted(calls) != wanted:
+        whole = [(d, n) for d, n in calls if n in {len(x) for x, _ in batches}]
+        if not calls:
+            why = "the model never ran its forward pass through its layers."
+        elif whole:
+            why = (
+                f"it ran on a whole batch of {whole[0][1]} on {whole[0][0]}: that is single-device "
+                "training, not data parallelism."
+            )
+        else:
+            got = ", ".join(f"{n} on {d}" for d, n in calls[:5]) + (", …" if len(calls) > 5 else "")
+            why = f"it ran {len(calls)} times, for {len(wanted)} chunks: {got}."
+        raise Wrong(
+            f"every batch must be split over the {len(ids)} devices {[str(b.device(i)) for i in ids]}, one "
+            f"chunk each as nn.DataParallel cuts it, and the model run once per chunk; {why}"
+        )
     try:
         losses = [float(v) for v in losses]
     except (TypeError, ValueError):

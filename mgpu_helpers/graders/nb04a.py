@@ -8,14 +8,21 @@ with ``dist.all_reduce`` on a copy, and counts the bytes each rank hands to ``se
 inside ``batch_isend_irecv``): a ring sends about 2(N-1)/N times the tensor per rank.
 
 04a.2 runs the student's ``ddp_step(rank, world_size, model, x, y)`` on 2 ranks, with a global batch of
-8 and then of 7 samples (uneven shards), each rank starting from *different* weights, and compares every
-rank's gradients with those of one process on the whole batch from rank 0's weights.
+8 and then of 7 samples (uneven shards), each rank starting from *different* weights drawn from a seed
+chosen at grading time, and compares every rank's gradients with those of one process on the whole batch
+from rank 0's weights. It also checks that each rank's model ran forward on its own share only (a hook
+that deep copies share, so a copy run on the whole batch is counted too) and that every rank's final
+gradient is the average of what the ranks' own backward passes produced (hooks on the parameters), so a
+full-batch gradient computed on a copy or on a rebuilt model and written into ``p.grad`` is rejected.
+
+04a.1 also checks that each rank sends only to its right neighbour: the ring, not another all-gather
+with the same byte count.
 
 """
 
 from __future__ import annotations
 
-import functools
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -37,13 +44,14 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
     import torch.distributed.distributed_c10d as c10d
 
     real = {name: getattr(dist, name) for name in (*_COLLECTIVES, "send", "isend", "batch_isend_irecv")}
-    counted = {"bytes": 0, "collectives": set(), "inside": False}
+    counted = {"bytes": 0, "collectives": set(), "inside": False, "peers": set()}
 
     def counter(name: str) -> Callable[..., Any]:
         def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if counted["inside"]:  # torch's send may call isend: count each message once
                 return real[name](tensor, *args, **kwargs)
             counted["bytes"] += tensor.numel() * tensor.element_size()
+            counted["peers"].add(args[0] if args else kwargs.get("dst", kwargs.get("group_dst")))
             counted["inside"] = True
             try:
                 return real[name](tensor, *args, **kwargs)
@@ -53,11 +61,9 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
         return call
 
     def batch(ops: list[Any]) -> Any:
-        counted["bytes"] += sum(
-            op.tensor.numel() * op.tensor.element_size()
-            for op in ops
-            if op.op in (patched["isend"], real["isend"])
-        )
+        sends = [op for op in ops if op.op in (patched["isend"], real["isend"])]
+        counted["bytes"] += sum(op.tensor.numel() * op.tensor.element_size() for op in sends)
+        counted["peers"].update(op.peer for op in sends)
         counted["inside"] = True
         try:
             return real["batch_isend_irecv"](ops)
@@ -96,7 +102,11 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
                     "bytes": x.numel() * x.element_size(),
                 }
             )
-        return {"results": results, "collectives": sorted(counted["collectives"])}
+        return {
+            "results": results,
+            "collectives": sorted(counted["collectives"]),
+            "peers": sorted(counted["peers"], key=str),
+        }
     finally:
         for module in (dist, c10d):
             for name, fn in real.items():
@@ -143,6 +153,11 @@ def grade_ring(ring_all_reduce: Callable[[torch.Tensor], Any]) -> str:
                 f"{big['bytes']:,} bytes on {n} ranks ({big['sent'] / big['bytes']:.2f}x the tensor); a ring "
                 f"sends 2(N-1)/N = {2 * (n - 1) / n:.2f}x it, the same on every rank."
             )
+        if out["peers"] != [(rank + 1) % n]:
+            raise Wrong(
+                f"the sums and the byte count are right, but rank {rank} sent to ranks {out['peers']}: in a "
+                f"ring every rank sends only to its right neighbour, rank (r + 1) % N = {(rank + 1) % n}."
+            )
     return (
         f"on {n} real gloo processes your ring matches dist.all_reduce (shapes (1000,) and (3, 5)) and each "
         f"rank sent {ranks[0]['results'][0]['sent']:,} B = 2(N-1)/N x {ranks[0]['results'][0]['bytes']:,} B."
@@ -164,20 +179,37 @@ def _batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, dtype=torch.float64, generator=gen), torch.randint(0, 3, (n,), generator=gen)
 
 
-def _count_rows(rows: list[int], _module: Any, inputs: tuple[Any, ...]) -> None:
-    rows[0] += len(inputs[0])
-
-
-def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any]) -> list[Any]:
+def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any], seed: int) -> list[Any]:
     out = []
     for n in _SIZES:
-        model = _model(100 + rank)  # different weights on each rank: only rank 0's may count
-        rows = [0]  # how many samples this rank's model really saw (its share, not the whole batch)
-        model.register_forward_pre_hook(functools.partial(_count_rows, rows))
+        # Different weights on each rank (only rank 0's may count), from a seed drawn for this grading:
+        # rebuilding "rank 0's model" from the grader's helpers gives other weights.
+        model = _model(seed + rank)
+        # How many samples went through the first layer: a closure, which copies of the model or of
+        # the layer (copy.deepcopy, copy.copy) share, so that a copy run on the whole batch counts too.
+        rows = [0]
+
+        def count_rows(_module: Any, inputs: tuple[Any, ...], rows: list[int] = rows) -> None:
+            rows[0] += len(inputs[0])
+
+        model[0].register_forward_pre_hook(count_rows)
+        # What this rank's own backward passes produced for each weight, before DDP averages it (a
+        # Parameter's hooks are not copied by deepcopy, and a model built anew has none).
+        local = [torch.zeros_like(p) for p in model.parameters()]
+        for p, acc in zip(model.parameters(), local, strict=True):
+
+            def keep(grad: torch.Tensor, acc: torch.Tensor = acc) -> None:
+                acc.add_(grad.detach())
+
+            p.register_hook(keep)
         x, y = _batch(n)
         ddp_step(rank, world_size, model, x, y)
         out.append(
-            ([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()], rows[0])
+            (
+                [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
+                rows[0],
+                local,
+            )
         )
     return out
 
@@ -193,9 +225,10 @@ def grade_ddp_step(ddp_step: Callable[..., Any]) -> str:
     """2 gloo ranks, global batches of 8 and 7; every rank's gradients vs one process on the whole batch."""
     if not callable(ddp_step):
         raise Wrong(f"pass the function ddp_step itself, not {type(ddp_step).__name__}")
-    ranks = run_ranks(_ddp_step_rank, 2, ddp_step)
+    seed = 1000 + secrets.randbelow(10**6)  # a fresh case each time: no helper rebuilds rank 0's model
+    ranks = run_ranks(_ddp_step_rank, 2, ddp_step, seed)
     for i, n in enumerate(_SIZES):
-        reference = _model(100)
+        reference = _model(seed)
         x, y = _batch(n)
         F.cross_entropy(reference(x), y).backward()
         expected = [p.grad for p in reference.parameters()]
@@ -221,6 +254,27 @@ def grade_ddp_step(ddp_step: Callable[..., Any]) -> str:
                 raise Wrong(
                     f"with a global batch of {n} ({shares}), rank {rank}'s gradient differs from one "
                     f"process's gradient on the whole batch by up to {diff:.3g}{times}."
+                )
+        # DDP's all-reduce makes every rank's p.grad the average of what the ranks' backward passes
+        # computed on their shares; a gradient computed elsewhere (a copy of the model on the whole
+        # batch, a model built anew) and put into p.grad is not.
+        local = [out[i][2] for out in ranks]
+        if max((a - b).abs().max().item() for a, b in zip(*local, strict=True)) < 1e-12:
+            zero = all(t.abs().max().item() == 0 for t in local[0])
+            raise Wrong(
+                f"with a global batch of {n}, the gradient is right, but the backward passes through both "
+                f"ranks' models produced the same gradient{' (zero)' if zero else ''}: each rank's "
+                "backward must run through its DDP-wrapped model on its own share of the batch."
+            )
+        average = [sum(out[i][2][k] for out in ranks) / len(ranks) for k in range(len(expected))]
+        for rank, out in enumerate(ranks):
+            diff = max((g - a).abs().max().item() for g, a in zip(out[i][0], average, strict=True))
+            if not diff < 1e-9:
+                raise Wrong(
+                    f"with a global batch of {n}, rank {rank}'s gradient is right, but it is not the "
+                    "average of what the ranks' own backward passes on their shares computed (off by up "
+                    f"to {diff:.3g}): the gradient must come from backward through the DDP-wrapped model "
+                    "on each rank's share, not from a copy of the model or a model built anew."
                 )
     return (
         "on 2 real gloo processes, starting from different weights, every rank's gradient equals one "
