@@ -3,6 +3,8 @@
 
 import os
 
+import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -47,3 +49,72 @@ def accumulate_without_no_sync(ddp_model, micro_batches):
 
 SOLUTIONS = {"04b.1": (shard_epochs,), "04b.2": (accumulate,)}
 WRONG = {"04b.1": (shard_epochs_without_set_epoch,), "04b.2": (accumulate_without_no_sync,)}
+
+
+# --- shortcuts: right-looking results without the lesson (tests/test_solutions.py checks each is rejected) --
+
+
+def shard_epochs_sampler_indices(dataset, epochs):
+    """Right GPU, set_epoch called, but reports the sampler's indices instead of loading the items."""
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    seen = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        seen.append(list(sampler))
+    return {"gpu": int(os.environ["LOCAL_RANK"]), "seen": seen}
+
+
+def shard_epochs_grader_case_by_hand(dataset, epochs):
+    """The grader's 24 items and 2 ranks hard-coded: a fresh permutation of range(24) per epoch, split
+    by rank, with no sampler and no loader."""
+    rank = dist.get_rank()
+    orders = [torch.randperm(24, generator=torch.Generator().manual_seed(e)) for e in range(epochs)]
+    seen = [order[rank::2].tolist() for order in orders]
+    return {"gpu": int(os.environ["LOCAL_RANK"]), "seen": seen}
+
+
+def shard_epochs_fixed_share_rotated(dataset, epochs):
+    """Disjoint shares and a 'new order' every epoch without a shuffle: each rank keeps the same items
+    forever and only rotates them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [i for batch in DataLoader(dataset[rank::world], batch_size=4) for i in batch.tolist()]
+    return {"gpu": int(os.environ["LOCAL_RANK"]), "seen": [mine[e:] + mine[:e] for e in range(epochs)]}
+
+
+def accumulate_all_reducing_by_hand(ddp_model, micro_batches):
+    """Every backward inside no_sync(), then the gradients all-reduced by hand: DDP never communicates."""
+    with ddp_model.no_sync():
+        for x, y in micro_batches:
+            (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
+    for p in ddp_model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def accumulate_with_an_extra_syncing_pass(ddp_model, micro_batches):
+    """Every micro-batch inside no_sync(), then one more forward and backward of a zero loss outside it,
+    only to trigger DDP's all-reduce."""
+    with ddp_model.no_sync():
+        for x, y in micro_batches:
+            (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
+    (0 * ddp_model(micro_batches[0][0]).sum()).backward()
+
+
+def accumulate_one_large_batch(ddp_model, micro_batches):
+    """No accumulation at all: the micro-batches concatenated into one forward and backward."""
+    xs, ys = zip(*micro_batches, strict=True)
+    F.cross_entropy(ddp_model(torch.cat(xs)), torch.cat(ys)).backward()
+
+
+SHORTCUTS = {
+    "04b.1": {
+        "sampler_indices_instead_of_items": (shard_epochs_sampler_indices,),
+        "graders_case_by_hand": (shard_epochs_grader_case_by_hand,),
+        "fixed_share_rotated": (shard_epochs_fixed_share_rotated,),
+    },
+    "04b.2": {
+        "all_reduce_by_hand": (accumulate_all_reducing_by_hand,),
+        "extra_syncing_pass": (accumulate_with_an_extra_syncing_pass,),
+        "one_large_batch": (accumulate_one_large_batch,),
+    },
+}

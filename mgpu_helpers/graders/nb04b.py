@@ -5,8 +5,9 @@ gradient accumulation with ``no_sync()`` (04b.2), each run on 2 real gloo proces
 04b.1 runs the student's ``shard_epochs(dataset, epochs)`` as the only process of each of two simulated
 nodes (global ranks 0 and 1, both with ``LOCAL_RANK=0``), then as two processes of one node, on a
 24-item dataset for 3 epochs, and checks that each rank picks the GPU of its local rank, that in every
-epoch the two ranks see disjoint halves of the dataset, and that every rank's order changes from epoch
-to epoch.
+epoch the two ranks see disjoint halves of the dataset, and that every rank's share and order change
+from epoch to epoch (a reshuffle, not a rotation). The items are not their indices, so indices from the
+sampler, or ``range(24)``, do not pass for items the loader yields.
 
 04b.2 wraps a small float64 model in DDP on each rank, counts the buckets DDP all-reduces (a
 communication hook around PyTorch's default one), hands the student's ``accumulate(ddp_model,
@@ -32,12 +33,17 @@ from ._ranks import run_ranks
 _ITEMS, _EPOCHS = 24, 3
 
 
+def _items() -> list[int]:
+    """The dataset's items: 24 values that are not their own indices."""
+    return [100 + 7 * i for i in range(_ITEMS)]
+
+
 def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any], one_node: bool) -> Any:
     if one_node:  # one node with two processes: local ranks 0 and 1
         os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", GROUP_RANK="0", NODE_RANK="0")
     else:  # two nodes with one process each: global ranks 0 and 1, local rank 0 on both
         os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), NODE_RANK=str(rank))
-    return shard_epochs(torch.arange(_ITEMS), _EPOCHS)
+    return shard_epochs(torch.tensor(_items()), _EPOCHS)
 
 
 @exercise(
@@ -71,6 +77,14 @@ def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
                 f"on one node with two processes, the process with global rank {rank} picked GPU {gpu!r}; "
                 "two processes of a node must not share a GPU."
             )
+    items = _items()
+    for rank, out in enumerate(ranks):
+        strangers = sorted({int(i) for epoch in out["seen"] for i in epoch} - set(items))
+        if strangers:
+            raise Wrong(
+                f"rank {rank} reported {strangers[:4]}{' …' if len(strangers) > 4 else ''}, which are not "
+                f"items of the dataset (its items are {items[:3]} …): record what the loader yields."
+            )
     for epoch in range(_EPOCHS):
         first, second = (list(map(int, out["seen"][epoch])) for out in ranks)
         both = sorted(set(first) & set(second))
@@ -80,18 +94,26 @@ def grade_shard_epochs(shard_epochs: Callable[..., Any]) -> str:
                 f"{both[:8]}{' …' if len(both) > 8 else ''} "
                 f"({len(both)} of {_ITEMS}): rank 0 saw {len(first)} items, rank 1 saw {len(second)}."
             )
-        if sorted(first + second) != list(range(_ITEMS)):
+        if sorted(first + second) != items:
             raise Wrong(f"in epoch {epoch} the two ranks together did not see every item exactly once.")
     for rank, out in enumerate(ranks):
         orders = [tuple(map(int, s)) for s in out["seen"]]
-        if len(set(orders)) < _EPOCHS:
-            raise Wrong(
-                f"rank {rank} saw the same items in the same order in every epoch: {list(orders[0])[:6]} …"
-            )
+        for a in range(_EPOCHS):
+            for b in range(a + 1, _EPOCHS):
+                if orders[a] == orders[b]:
+                    raise Wrong(
+                        f"rank {rank} saw the same items in the same order in epochs {a} and {b}: "
+                        f"{list(orders[a])[:6]} …"
+                    )
+                if set(orders[a]) == set(orders[b]):
+                    raise Wrong(
+                        f"rank {rank} saw the same {len(orders[a])} items in epochs {a} and {b}, only in "
+                        "another order: each epoch should reshuffle the whole dataset across the ranks."
+                    )
     return (
         "on 2 real gloo processes (as 2 nodes x 1 process, and as 1 node x 2 processes) each rank picks the "
         "GPU of its node it was started for, the ranks split the data without overlap in every epoch, and "
-        "each epoch brings a new order."
+        "each epoch brings a new shuffle."
     )
 
 

@@ -5,12 +5,16 @@ processes started with :func:`mgpu_helpers.launching.launch`.
 04c.1 hands the student's ``evaluate(model, dataset)`` a fixed linear classifier (a module that counts
 the rows its ``forward`` sees) and a 25-sample dataset, which ``DistributedSampler`` pads with 1 repeat
 on 2 ranks and 2 on 3 ranks, and compares every rank's ``(loss, accuracy)`` with one process's mean
-cross-entropy and accuracy on the whole dataset.
+cross-entropy and accuracy on the whole dataset. It calls ``evaluate`` again on a 73-sample dataset
+and counts the bytes each rank's collectives carry (:class:`~mgpu_helpers.collectives.CollectiveSpy`):
+a rank must communicate, and no more for 73 samples than for 25 — a few sums, not every prediction.
 
 04c.2 gives each rank an uneven share of a float64 batch (3 + 5 rows, then 2 + 4 + 6) and a
 ``BatchNorm1d`` with non-trivial weight and bias, calls the student's ``sync_batch_norm(x, bn)``,
 backpropagates a fixed weighted sum, and compares the outputs, the running statistics, the input
-gradients and the summed weight and bias gradients with one ``BatchNorm1d`` on the whole batch.
+gradients and the summed weight and bias gradients with one ``BatchNorm1d`` on the whole batch. It
+repeats the forward and backward pass with 10 times the rows and rejects work whose communicated bytes
+(forward and backward, counted with ``CollectiveSpy``) grow with the rows: that gathers the batch.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from ..collectives import CollectiveSpy
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
 # --- 04c.1: exact evaluation with a padded sampler -------------------------------------------------------
 
 _N_EVAL = 25  # DistributedSampler pads it to 26 on 2 ranks (1 repeat) and to 27 on 3 ranks (2 repeats)
+_N_LARGE = 73  # padded to 74 on 2 ranks and to 75 on 3: the same repeats, about 3 times the samples
 _WRONGLY_LABELLED = (3, 5, 6, 9, 14, 17, 20, 22)  # samples 0 and 1 (the ones padding repeats) are right
+_SLACK = 16  # bytes: pickled sums may differ by a byte or two; per-sample values grow by far more
 
 
 class _CountingModel(nn.Module):
@@ -49,11 +56,11 @@ class _CountingModel(nn.Module):
         return self.linear(x)
 
 
-def _eval_dataset() -> TensorDataset:
-    x = torch.randn(_N_EVAL, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+def _eval_dataset(n: int = _N_EVAL) -> TensorDataset:
+    x = torch.randn(n, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         y = _CountingModel()(x).argmax(dim=1)
-    for i in _WRONGLY_LABELLED:
+    for i in _WRONGLY_LABELLED + tuple(range(27, n, 4)):
         y[i] = (y[i] + 1) % 3
     return TensorDataset(x, y)
 
@@ -66,9 +73,13 @@ def _eval_truth() -> tuple[float, float]:
 
 
 def _eval_rank(rank: int, world_size: int, evaluate: Callable[..., Any]) -> dict[str, Any]:
-    model = _CountingModel()
-    answer = evaluate(model, _eval_dataset())
-    return {"answer": answer, "rows": model.rows}
+    out: dict[str, Any] = {}
+    for n, key in ((_N_EVAL, ""), (_N_LARGE, "large ")):
+        model = _CountingModel()
+        with CollectiveSpy() as spy:
+            out[key + "answer"] = evaluate(model, _eval_dataset(n))
+        out[key + "rows"], out[key + "bytes"] = model.rows, spy.bytes()
+    return out
 
 
 def _pair(answer: Any) -> tuple[float, float] | None:
@@ -121,9 +132,22 @@ def grade_evaluate(evaluate: Callable[..., Any]) -> str:
                     )
         if sum(out["rows"] for out in ranks) < _N_EVAL:
             raise Wrong(f"with {world_size} ranks, some of the {_N_EVAL} samples were never evaluated.")
+        for rank, out in enumerate(ranks):
+            if out["bytes"] == 0:
+                raise Wrong(
+                    f"with {world_size} ranks, rank {rank} never communicated: it cannot know the other "
+                    "ranks' results, so it did not evaluate only its own share."
+                )
+            if out["large bytes"] > out["bytes"] + _SLACK:
+                raise Wrong(
+                    f"with {world_size} ranks, rank {rank}'s collectives carried {out['bytes']} bytes for "
+                    f"{_N_EVAL} samples but {out['large bytes']} for {_N_LARGE}: what it sends grows with "
+                    "the dataset, so it sends per-sample values. A few sums per rank are enough."
+                )
     return (
-        f"on 2 and 3 real gloo processes, each rank evaluated at most its padded share of {_N_EVAL} samples "
-        "and every rank reported exactly the single-process mean cross-entropy and accuracy."
+        f"on 2 and 3 real gloo processes, each rank evaluated at most its padded share of {_N_EVAL} samples, "
+        "communicated a few numbers (no more for a larger dataset), and every rank reported exactly the "
+        "single-process mean cross-entropy and accuracy."
     )
 
 
@@ -131,6 +155,7 @@ def grade_evaluate(evaluate: Callable[..., Any]) -> str:
 
 _FEATURES = 6
 _ROWS = {2: (3, 5), 3: (2, 4, 6)}
+_MORE_ROWS = 10  # the second pass: 10 times each rank's rows, to see whether the communication grows
 
 
 def _bn() -> nn.BatchNorm1d:
@@ -143,20 +168,20 @@ def _bn() -> nn.BatchNorm1d:
     return bn
 
 
-def _batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(world_size)
-    n = sum(_ROWS[world_size])
+def _batch(world_size: int, scale: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(world_size + 10 * scale)
+    n = scale * sum(_ROWS[world_size])
     x = 3 + 2 * torch.randn(n, _FEATURES, dtype=torch.float64, generator=gen)
     return x, torch.randn(n, _FEATURES, dtype=torch.float64, generator=gen)  # inputs, loss weights
 
 
-def _bn_rank(rank: int, world_size: int, sync_batch_norm: Callable[..., Any]) -> dict[str, Any]:
-    x, coef = _batch(world_size)
-    start = sum(_ROWS[world_size][:rank])
-    rows = slice(start, start + _ROWS[world_size][rank])
+def _bn_pass(rank: int, world_size: int, sync_batch_norm: Callable[..., Any], scale: int) -> dict[str, Any]:
+    x, coef = _batch(world_size, scale)
+    start = scale * sum(_ROWS[world_size][:rank])
+    rows = slice(start, start + scale * _ROWS[world_size][rank])
     mine = x[rows].clone().requires_grad_(True)
     bn = _bn().train()
-    with warnings.catch_warnings():  # backprop through a plain dist.all_reduce warns; the grader says why
+    with warnings.catch_warnings(), CollectiveSpy() as spy:  # a plain dist.all_reduce's backward warns
         warnings.simplefilter("ignore")
         out = sync_batch_norm(mine, bn)
         if not isinstance(out, torch.Tensor) or out.shape != mine.shape:
@@ -167,7 +192,15 @@ def _bn_rank(rank: int, world_size: int, sync_batch_norm: Callable[..., Any]) ->
         "running": (bn.running_mean.clone(), bn.running_var.clone()),
         "x_grad": None if mine.grad is None else mine.grad.clone(),
         "wb_grad": [None if p.grad is None else p.grad.clone() for p in (bn.weight, bn.bias)],
+        "bytes": spy.bytes(),
     }
+
+
+def _bn_rank(rank: int, world_size: int, sync_batch_norm: Callable[..., Any]) -> dict[str, Any]:
+    out = _bn_pass(rank, world_size, sync_batch_norm, 1)
+    if "bad" not in out:  # the same pass on 10 times the rows: only the communicated bytes are compared
+        out["more bytes"] = _bn_pass(rank, world_size, sync_batch_norm, _MORE_ROWS).get("bytes", 0)
+    return out
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -232,7 +265,16 @@ def grade_sync_batch_norm(sync_batch_norm: Callable[..., Any]) -> str:
                     f"{setting}, the ranks' {name} gradients add up to something else than the whole "
                     f"batch's (off by {diff:.3g})."
                 )
+        for rank, out in enumerate(ranks):
+            n = _ROWS[world_size][rank]
+            if out["more bytes"] > out["bytes"] + _SLACK:
+                raise Wrong(
+                    f"{setting}, rank {rank}'s collectives (forward and backward) carried {out['bytes']} "
+                    f"bytes for its {n} rows but {out['more bytes']} bytes for {_MORE_ROWS * n} rows: what "
+                    "it sends grows with its rows, so it moves rows. Send a few numbers per feature instead."
+                )
     return (
         "on 2 and 3 real gloo processes with uneven batches, outputs, running statistics, input gradients "
-        "and (summed over ranks) weight and bias gradients equal one BatchNorm on the whole batch."
+        "and (summed over ranks) weight and bias gradients equal one BatchNorm on the whole batch, and what "
+        "each rank sends does not grow with its rows."
     )
