@@ -6,7 +6,8 @@ notes it with **one byte convention** used by every notebook that counts bytes:
 
     ``nbytes`` = the size of the *full* tensor the collective works on: the tensor of an all-reduce or
     broadcast, the gathered output of an all-gather, the input of a reduce-scatter (before it is
-    split), the message of a send / recv.
+    split), the message of a send / recv, all the pieces of a scatter or a gather (one piece × the group's
+    size).
 
 With that convention a ring algorithm makes each rank send ``(n-1)/n · nbytes`` for an all-gather or a
 reduce-scatter and twice that for an all-reduce (:func:`ring_bytes_sent`), so one number compares
@@ -39,6 +40,8 @@ _NAMES = {
     "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "broadcast": "broadcast",
+    "scatter": "scatter",
+    "gather": "gather",
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all",
     "all_to_all_single": "all_to_all",
@@ -64,7 +67,8 @@ class CollectiveSpy(TorchDispatchMode):
     """Notes every collective called while it is active (``with CollectiveSpy() as spy: ...``).
 
     ``spy.calls`` lists them in order as :class:`Call`; :meth:`count` and :meth:`bytes` sum them by name
-    ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv").
+    ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "scatter", "gather", "all_to_all", "send",
+    "recv").
     """
 
     def __init__(self) -> None:
@@ -80,6 +84,12 @@ class CollectiveSpy(TorchDispatchMode):
                 full = _tensors(args[0] if namespace == "c10d" else out)
             elif op == "reduce_scatter":  # the input before it is split
                 full = _tensors(args[1] if namespace == "c10d" else args[0])
+            elif op in (
+                "scatter",
+                "gather",
+            ):  # this rank's piece (scatter: output; gather: input) × group size
+                size = torch._C._distributed_c10d.ProcessGroup.unbox(args[2]).size()
+                full = _tensors(args[0] if op == "scatter" else args[1]) * size
             else:
                 full = _tensors(args[0])
             if full:

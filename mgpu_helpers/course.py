@@ -152,6 +152,18 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         extra="interactive",
     ),
     Notebook(
+        "01c",
+        "01c_distributed_mechanics.ipynb",
+        "Mechanics: autograd through collectives, DTensor, Ψ and a communication spy",
+        "why autograd does not see dist.all_reduce, Megatron's Copy/Reduce as autograd functions, "
+        "a TorchDispatchMode spy and the course's byte convention, DTensor placements and redistribute, "
+        "ColwiseParallel/RowwiseParallel defaults, Ψ and bytes per parameter",
+        "2 gloo processes",
+        "2 gloo processes on the CPU (the mechanics are the same on NCCL)",
+        "2 gloo processes on the CPU (the mechanics are the same on NCCL)",
+        helpers=("collectives", "exercises", "launching"),
+    ),
+    Notebook(
         "02a",
         "02a_model_parallel_by_hand.ipynb",
         "Model parallel: the naive split and pipelining by hand",
@@ -194,6 +206,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
         helpers=(
+            "collectives",
             "exercises",
             "hardware",
             "labels",
@@ -205,7 +218,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "03a_data_parallel.ipynb",
         "nn.DataParallel from the inside",
         "the 10-step flow, the tutorial's split batches, replicate → scatter → parallel_apply → gather, "
-        "dim=1",
+        "dim=1 (optional)",
         "virtual devices",
         "virtual devices (nn.DataParallel on one GPU is a pass-through)",
         "real nn.DataParallel and torch.nn.parallel, checked against the virtual version",
@@ -316,6 +329,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes (NCCL needs a GPU per rank); the 1-process load on cuda:0",
         "one NCCL process per GPU",
         helpers=(
+            "collectives",
             "exercises",
             "labels",
             "launching",
@@ -326,7 +340,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "05d_parallelism_planner.ipynb",
         "Planning a parallel layout",
         "memory and communication per step of DP, ZeRO-1/2/3, TP, PP and their combinations, from the "
-        "Playbook's formulas; the planner checked against real sharded runs",
+        "Playbook's formulas; the planner's state estimate checked against real sharded runs",
         "planner + checks on 2 gloo processes",
         "same",
         "same; GPU memory read from the device",
@@ -357,8 +371,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "06b",
         "06b_ray_tune.ipynb",
         "Ray Tune and ASHA",
-        "Tune trainables, search spaces, ASHA rungs, best trial at equal budget, when early stopping pays, "
-        "a local Ray cluster",
+        "Tune trainables, search spaces, ASHA rungs, best trial at equal budget, checkpoints (load the "
+        "chosen model, resume a crashed trial), a local Ray cluster; optional: when early stopping pays",
         "Ray on CPU",
         "fractional GPUs per trial",
         "trials spread over GPUs",
@@ -469,6 +483,8 @@ MODULES: dict[str, str] = {
     "launching": "run a function on N processes from a notebook (`launch`: ranks from a forkserver, the "
     "function sent by value, never a fork of the kernel), real torchrun jobs "
     "(`run_torchrun`) and the torchrun worker",
+    "collectives": "`CollectiveSpy`, the course's one communication spy (every collective a rank calls, "
+    "with its full-tensor bytes), and ring traffic per rank",
     "pipeline": "pipeline schedules (simulator), stages as real processes, measured timelines",
     "data_parallel": "nn.DataParallel rebuilt over virtual devices, DataLoader sweeps",
     "ddp": "`!torchrun` cells on loopback, capturing DDP's C++ warnings, c10d torchrun jobs",

@@ -130,15 +130,22 @@ def _unwritten(work: Any) -> bool:
         return True
     code = getattr(work, "__code__", None)
     if code is None and isinstance(work, type):  # a class: look at the methods it defines itself
-        return any(_unwritten(v) for v in vars(work).values() if callable(v) and hasattr(v, "__code__"))
+        return any(_unwritten(f) for f in _methods(work))
     return code is not None and "NotImplementedError" in code.co_names
+
+
+def _methods(cls: type) -> list[Any]:
+    """The functions a class defines itself, static and class methods included (an autograd.Function's
+    forward and backward are static methods, which have no ``__code__`` of their own)."""
+    found = [getattr(v, "__func__", v) for v in vars(cls).values()]
+    return [f for f in found if hasattr(f, "__code__")]
 
 
 def _names_used(work: Any) -> set[str]:
     """Global and attribute names the student's function (or class's methods) refers to, nested code too."""
     codes = [getattr(work, "__code__", None)]
     if isinstance(work, type):
-        codes += [getattr(v, "__code__", None) for v in vars(work).values()]
+        codes += [f.__code__ for f in _methods(work)]
     names: set[str] = set()
     while codes:
         code = codes.pop()

@@ -19,10 +19,16 @@ def _by_hand_dtensor_and_fsdp(rank: int, world_size: int) -> dict[str, list[Call
         t = torch.ones(8)  # 32 bytes
         dist.all_reduce(t)
         full = torch.empty(8 * world_size)
-        dist.all_gather_into_tensor(full, torch.ones(8))
+        dist.all_gather_single(full, torch.ones(8))
         part = torch.empty(4, dtype=torch.float64)
-        dist.reduce_scatter_tensor(part, torch.ones(4 * world_size, dtype=torch.float64))
+        dist.reduce_scatter_single(part, torch.ones(4 * world_size, dtype=torch.float64))
         dist.broadcast(torch.zeros(2, dtype=torch.int64), src=0)
+        dist.scatter(torch.empty(3), [torch.ones(3)] * world_size if dist.get_rank() == 0 else None, src=0)
+        dist.gather(
+            torch.ones(3),
+            [torch.empty(3) for _ in range(world_size)] if dist.get_rank() == 1 else None,
+            dst=1,
+        )
     seen["by_hand"] = spy.calls
     mesh = init_device_mesh("cpu", (world_size,))
     with CollectiveSpy() as spy:
@@ -39,12 +45,16 @@ def _by_hand_dtensor_and_fsdp(rank: int, world_size: int) -> dict[str, list[Call
 
 
 def test_the_spy_sees_collectives_by_hand_through_dtensor_and_inside_fsdp2():
-    seen = launch(_by_hand_dtensor_and_fsdp, 2)[0]
+    both = launch(_by_hand_dtensor_and_fsdp, 2)
+    assert both[0]["by_hand"] == both[1]["by_hand"]  # the same at a scatter's root and elsewhere
+    seen = both[0]
     assert seen["by_hand"] == [
         Call("all_reduce", torch.float32, 32),
         Call("all_gather", torch.float32, 64),  # the gathered output: 2 ranks x 8 floats
         Call("reduce_scatter", torch.float64, 64),  # the input before the split: 8 doubles
         Call("broadcast", torch.int64, 16),
+        Call("scatter", torch.float32, 24),  # all the pieces: 2 ranks x 3 floats, on every rank
+        Call("gather", torch.float32, 24),
     ]
     assert seen["dtensor"] == [Call("all_gather", torch.float32, 48)]
     ops = [c.op for c in seen["fsdp"]]

@@ -26,6 +26,7 @@ def test_measured_defaults_to_this_machines_hardware_label():
 
 # --- graded exercises ---------------------------------------------------------------------------------
 
+import mgpu_helpers.exercises as exercises_module
 from mgpu_helpers.exercises import Wrong, exercise, grade
 
 
@@ -59,6 +60,23 @@ def test_grade_with_the_wrong_number_of_arguments_says_so_instead_of_blaming_the
         out = capsys.readouterr().out
         assert f"grade() got {len(work)} piece(s) of work after the id; it takes 1" in out
         assert "_grade" not in out and "TypeError" not in out
+
+
+def test_static_methods_count_as_the_students_code(capsys):
+    class Unwritten:  # an autograd.Function's forward / backward are static methods
+        @staticmethod
+        def square(xs):
+            raise NotImplementedError
+
+    class Forbidden:
+        @classmethod
+        def square(cls, xs):
+            return answer_key(xs)
+
+    assert not grade("98z.2", Unwritten.square) and capsys.readouterr().out.startswith("⏳")
+    assert not grade("98z.2", Forbidden.square)
+    assert "your code calls answer_key" in capsys.readouterr().out
+    assert exercises_module._unwritten(Unwritten) and "answer_key" in exercises_module._names_used(Forbidden)
 
 
 def test_grade_refuses_unknown_or_malformed_ids():

@@ -2,22 +2,25 @@
 tensor-parallel plan for ``parallelize_module`` (02c.2), each run on two gloo processes and compared with
 the unsplit model.
 
-02c.1 gives rank ``r`` rows ``r·V/2 … (r+1)·V/2 - 1`` of an embedding table, calls the student's
-``vocab_parallel_embedding(ids, weight_shard)`` with ids from both halves, back-propagates a fixed
-gradient, and compares each rank's output and ``weight_shard.grad`` with ``nn.Embedding`` on the whole
-table (larger than the output). A dispatch mode notes every collective and its bytes: nothing may gather
-or broadcast rows, and the forward must run exactly one all-reduce, of the output's bytes, not the
-table's; a collective that autograd goes through without knowing it (a plain ``dist.all_reduce``, which
-PyTorch warns about) is refused.
+02c.1 draws a fresh random table on every call (nothing importable rebuilds it), gives rank ``r`` rows
+``r·V/2 … (r+1)·V/2 - 1`` of it, calls the student's ``vocab_parallel_embedding(ids, weight_shard)`` with
+ids from both halves, back-propagates a random gradient, and compares each rank's output and
+``weight_shard.grad`` with ``nn.Embedding`` on the whole table (larger than the output).
+:class:`~mgpu_helpers.collectives.CollectiveSpy` notes every collective and its bytes: nothing may gather,
+scatter or broadcast rows, and the forward must run exactly one all-reduce, of the output's bytes, not
+the table's; a collective that autograd goes through without knowing it (a plain ``dist.all_reduce``,
+which PyTorch warns about) is refused, and so is a lookup done by DTensor (the exercise is the by-hand
+piece that DTensor's ``Shard(0)`` embedding does for you).
 
-02c.2 builds a small language-model-shaped network (embedding, 3 residual MLP blocks, head), calls the
-student's ``shard_model(model, mesh)`` on a 1-D CPU mesh, and checks that every weight is a sharded
-DTensor, that the logits (full, on every rank) and all gradients equal the unsplit model's, and, with
-``CommDebugMode``, that each block's forward runs a single collective.
+02c.2 builds a small language-model-shaped network (embedding, 3 residual MLP blocks, head) with fresh
+random weights, calls the student's ``shard_model(model, mesh)`` on a 1-D CPU mesh, and checks that
+every weight is a sharded DTensor, that the logits (full, on every rank) and all gradients equal the
+unsplit model's, and, with ``CommDebugMode``, that each block's forward runs a single collective.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,31 +28,38 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from ..collectives import CollectiveSpy
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
 _NPROCS = 2
 
 
-class _Collectives(TorchDispatchMode):
-    """Notes each collective that runs below it and the bytes of the first tensor it is handed."""
+class _DTensorSeen(TorchFunctionMode):
+    """Notes whether any torch function below it is handed or returns a DTensor."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.log: list[tuple[str, int]] = []
+        self.seen = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        name = func._overloadpacket.__name__.strip("_")
-        name = name.replace("allreduce", "all_reduce").replace("allgather", "all_gather")
-        if name.startswith(
-            ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "scatter")
-        ):
-            tensor = next(a for a in tree_leaves(args) if isinstance(a, torch.Tensor))
-            self.log.append((name, tensor.numel() * tensor.element_size()))
-        return func(*args, **(kwargs or {}))
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        from torch.distributed.tensor import DTensor
+
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, DTensor) for t in tree_leaves((args, kwargs, out))):
+            self.seen = True
+        return out
+
+
+def _fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _log(spy: CollectiveSpy) -> list[tuple[str, int]]:
+    return [(c.op, c.nbytes) for c in spy.calls]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -61,9 +71,9 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 _V, _H = 64, 8  # the table (2,048 B) is larger than the output (672 B)
 
 
-def _embedding_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _embedding_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The full table, ids that use both halves of it, and the gradient arriving from above."""
-    gen = torch.Generator().manual_seed(20)
+    gen = torch.Generator().manual_seed(seed)
     table = torch.randn(_V, _H, generator=gen)
     ids = torch.randint(0, _V, (3, 7), generator=gen)
     ids[0, :4] = torch.tensor([0, _V // 2 - 1, _V // 2, _V - 1])  # both edges of both halves
@@ -71,19 +81,21 @@ def _embedding_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return table, ids, upstream
 
 
-def _embedding_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
-    table, ids, upstream = _embedding_case()
+def _embedding_rank(rank: int, world_size: int, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
+    table, ids, upstream = _embedding_case(seed)
     weight_shard = table.chunk(world_size, 0)[rank].clone().requires_grad_()
-    with _Collectives() as fwd:
+    with _DTensorSeen() as dtensor, CollectiveSpy() as fwd:
         out = fn(ids.clone(), weight_shard)
     if not isinstance(out, torch.Tensor):
         return {"type": type(out).__name__}
-    result: dict[str, Any] = {"out": out.detach().clone(), "fwd": fwd.log, "graph": out.requires_grad}
+    if dtensor.seen:
+        return {"dtensor": True}
+    result: dict[str, Any] = {"out": out.detach().clone(), "fwd": _log(fwd), "graph": out.requires_grad}
     if out.requires_grad and out.shape == upstream.shape:
-        with warnings.catch_warnings(record=True) as caught, _Collectives() as bwd:
+        with warnings.catch_warnings(record=True) as caught, CollectiveSpy() as bwd:
             warnings.simplefilter("always")
             out.backward(upstream)
-        result["bwd"] = bwd.log
+        result["bwd"] = _log(bwd)
         result["untracked"] = any("autograd kernel was not registered" in str(w.message) for w in caught)
         result["grad"] = None if weight_shard.grad is None else weight_shard.grad.clone()
     return result
@@ -99,8 +111,9 @@ def _embedding_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[
 def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
     if not callable(fn):
         raise Wrong(f"pass the function itself, not {type(fn).__name__}")
-    results = run_ranks(_embedding_rank, _NPROCS, fn, timeout_s=60.0)
-    table, ids, upstream = _embedding_case()
+    seed = _fresh_seed()
+    results = run_ranks(_embedding_rank, _NPROCS, fn, seed, timeout_s=60.0)
+    table, ids, upstream = _embedding_case(seed)
     full = table.clone().requires_grad_()
     want = F.embedding(ids, full)
     want.backward(upstream)
@@ -108,6 +121,11 @@ def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
     for rank, res in enumerate(results):
         if "type" in res:
             raise Wrong(f"rank {rank} returned a {res['type']}, not a tensor of embeddings.")
+        if "dtensor" in res:
+            raise Wrong(
+                f"rank {rank}'s lookup went through DTensor, which does the masking and the all-reduce for "
+                "you: write them by hand on plain tensors."
+            )
         if tuple(res["out"].shape) != tuple(want.shape):
             raise Wrong(
                 f"rank {rank} returned shape {tuple(res['out'].shape)}; the embeddings of ids of shape "
@@ -156,7 +174,7 @@ def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
             )
     return (
         f"on {_NPROCS} gloo ranks the embeddings and every shard's gradient equal nn.Embedding's; "
-        "the forward ran one all-reduce of the output's bytes and copied no rows between ranks."
+        "the forward ran one all-reduce of the output's bytes, by hand, and copied no rows between ranks."
     )
 
 
@@ -175,9 +193,9 @@ class _Block(nn.Module):
 
 
 class _Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.embed = nn.Embedding(_VOCAB, _HIDDEN)
         self.blocks = nn.Sequential(*[_Block() for _ in range(_BLOCKS)])
         self.head = nn.Linear(_HIDDEN, _VOCAB)
@@ -192,18 +210,18 @@ def _weights() -> list[str]:
     return [*names, "head.weight"]
 
 
-def _plan_case() -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(21)
+def _plan_case(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed + 1)
     return torch.randint(0, _VOCAB, (2, 6), generator=gen), torch.randn(2, 6, _VOCAB, generator=gen)
 
 
-def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
+def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
     mesh = init_device_mesh("cpu", (world_size,))
-    model = _Net()
+    model = _Net(seed)
     returned = fn(model, mesh)
     if isinstance(returned, nn.Module):
         model = returned
@@ -216,7 +234,7 @@ def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, 
     ]
     if unsharded:
         return {"unsharded": unsharded}
-    ids, upstream = _plan_case()
+    ids, upstream = _plan_case(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn about inputs without gradients
         with CommDebugMode() as debug:
@@ -252,9 +270,10 @@ def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, 
 def grade_shard_model(fn: Callable[..., Any]) -> str:
     if not callable(fn):
         raise Wrong(f"pass the function itself, not {type(fn).__name__}")
-    results = run_ranks(_plan_rank, _NPROCS, fn, timeout_s=60.0)
-    ids, upstream = _plan_case()
-    model = _Net()
+    seed = _fresh_seed()
+    results = run_ranks(_plan_rank, _NPROCS, fn, seed, timeout_s=60.0)
+    ids, upstream = _plan_case(seed)
+    model = _Net(seed)
     want = model(ids)
     want.backward(upstream)
     for rank, res in enumerate(results):
