@@ -192,6 +192,19 @@ def test_simulator_widget_follows_its_sliders_and_renders_headless():
     plt.close("all")
 
 
+def test_simulator_widget_clears_the_chart_while_it_shows_an_error():
+    sim = ScheduleSimulator(schedule="interleaved", p=4, m=8, v=2)
+    assert sim.image.value and sim.image.layout.display is None
+    sim.m.value = 6  # not a multiple of p
+    assert "multiple of p" in sim.info.value
+    assert sim.image.value == b"" and sim.image.layout.display == "none"  # no stale chart under the message
+    bundle = sim._repr_mimebundle_()
+    assert "image/png" not in bundle and "multiple of p" in bundle["text/plain"]
+    sim.m.value = 12  # valid again: a fresh chart, shown
+    assert sim.image.value[:8] == b"\x89PNG\r\n\x1a\n" and sim.image.layout.display is None
+    plt.close("all")
+
+
 def test_simulator_uses_only_widgets_that_exist_in_ipywidgets_7():
     import inspect
 

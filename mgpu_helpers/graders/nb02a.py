@@ -4,11 +4,19 @@ as in PyTorch's model-parallel tutorial (02a.1), and one GPipe training step on 
 
 02a.1 builds the student's class on ``("cpu", "cpu")`` with ``split_size=64``, feeds it 200 rows (so the
 last micro-batch is short), and compares output and gradients with the same layers applied to the whole
-batch at once; forward hooks count how many rows each part saw per call.
+batch at once; forward pre-hooks record how many rows each part saw per call, and on which device. It
+then builds the class on ``("cpu", "meta")``: on the meta device tensors have shapes but no values, so a
+part used on the wrong device, a forgotten ``.to(dev1)`` or a result brought back to the host (which
+would make a GPU wait) fails there.
 
 02a.2 runs the student's ``gpipe_step(rank, world_size, stage, x, y, m)`` on 3 processes (so a middle
-stage exists), a 3-stage model from :func:`~mgpu_helpers.pipeline.make_stages` and m = 4; hooks record
-each stage's passes in order. It compares the returned loss and every gradient with the unsplit model.
+stage exists), a 3-stage model from :func:`~mgpu_helpers.pipeline.make_stages` with a seed of its own
+(so the notebook's ``make_stages()`` cannot rebuild the other stages) and m = 4; only rank 0 gets the real
+``x`` and only the last rank the real ``y`` (the others get NaN-filled tensors of the same shapes, so
+a rank that computes the whole batch itself fails). Hooks record each stage's passes in order and check
+that a later stage's input comes from ``recv`` (a leaf), not from layers run on that rank. It compares the
+returned loss and every gradient with the unsplit model. ``torch.distributed.pipelining`` is not accepted:
+the exercise is the send/recv by hand.
 
 """
 
@@ -53,18 +61,11 @@ def grade_pipelined_forward(cls: type) -> str:
     if not isinstance(cls, type) or not issubclass(cls, nn.Module):
         raise Wrong(f"pass the class itself (an nn.Module subclass), not {type(cls).__name__}")
     net = cls("cpu", "cpu", split_size=64)
-    for part in ("part1", "part2", "fc"):
-        if not isinstance(getattr(net, part, None), nn.Module):
-            raise Wrong(f"the model has no module attribute {part!r}: keep TwoDeviceNet's parts")
-    rows: dict[str, list[int]] = {"part1": [], "part2": []}
-    for part in rows:
-        getattr(net, part).register_forward_hook(
-            lambda mod, args, out, part=part: rows[part].append(len(args[0]))
-        )
+    calls = _record_calls(net)
     width = next(m for m in net.part1.modules() if isinstance(m, nn.Linear)).in_features
     x = torch.randn(200, width, generator=torch.Generator().manual_seed(3))
     out = net(x)
-    rows_seen = {part: list(seen) for part, seen in rows.items()}
+    seen = list(calls)
     reference = nn.Sequential(net.part1, net.part2, net.fc)
     with torch.no_grad():
         want = reference(x)
@@ -73,10 +74,11 @@ def grade_pipelined_forward(cls: type) -> str:
         raise Wrong(f"for 200 input rows the output has shape {got}, expected {tuple(want.shape)}.")
     if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):
         raise Wrong("the output differs from the model applied to the whole batch (are the rows in order?).")
-    for part, seen in rows_seen.items():
-        if seen != [64, 64, 64, 8]:
+    for part in ("part1", "part2"):
+        rows = [n for name, n, _ in seen if name == part]
+        if rows != [64, 64, 64, 8]:
             raise Wrong(
-                f"{part} was called on row counts {seen}; with 200 rows and split_size=64 a pipelined "
+                f"{part} was called on row counts {rows}; with 200 rows and split_size=64 a pipelined "
                 "forward calls it once per micro-batch."
             )
     out.pow(2).mean().backward()
@@ -84,26 +86,81 @@ def grade_pipelined_forward(cls: type) -> str:
     net.zero_grad()
     reference(x).pow(2).mean().backward()
     compare_grads(got, {n: p.grad for n, p in net.named_parameters()}, "backward through your forward")
+    _check_devices(cls, x)
     return (
-        "4 micro-batches (64, 64, 64, 8 rows) through both parts; "
-        "output and gradients equal the unsplit model's."
+        "4 micro-batches (64, 64, 64, 8 rows) through part1, then part2 and fc; output and gradients equal "
+        "the unsplit model's; built on ('cpu', 'meta'), every part ran on its own device."
     )
+
+
+def _record_calls(net: nn.Module) -> list[tuple[str, int, torch.device]]:
+    """Forward hooks on part1, part2 and fc: (part, rows, device of the input) for every call, in order."""
+    for part in ("part1", "part2", "fc"):
+        if not isinstance(getattr(net, part, None), nn.Module):
+            raise Wrong(f"the model has no module attribute {part!r}: keep TwoDeviceNet's parts")
+    calls: list[tuple[str, int, torch.device]] = []
+    for part in ("part1", "part2", "fc"):
+        getattr(net, part).register_forward_pre_hook(
+            lambda mod, args, part=part: calls.append((part, len(args[0]), args[0].device))
+        )
+    return calls
+
+
+def _check_devices(cls: type, x: torch.Tensor) -> None:
+    """Build on ("cpu", "meta") (two devices without a GPU): each part must see its inputs on its device."""
+    net = cls("cpu", "meta", split_size=64)
+    calls = _record_calls(net)
+    try:
+        out = net(x)
+    except Exception as exc:  # e.g. a meta tensor meeting CPU weights, or .cpu()/.item() on a meta tensor
+        raise Wrong(
+            f"built as cls('cpu', 'meta') your forward raised {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. Each micro-batch must move to "
+            "dev1 after part1, and stay there (no .cpu(), .item() or .to(x.device): each makes a GPU wait)."
+        ) from None
+    wrong = sorted({f"{part} got its input on {dev}" for part, _, dev in calls if dev != _DEVICE[part]})
+    if wrong:
+        raise Wrong(
+            f"built as cls('cpu', 'meta'): {', '.join(wrong)}; part1 runs on dev0, part2 and fc on dev1."
+        )
+    if not isinstance(out, torch.Tensor) or out.device.type != "meta":
+        where = out.device if isinstance(out, torch.Tensor) else type(out).__name__
+        raise Wrong(f"built as cls('cpu', 'meta') the output is on {where}: return it on dev1, where fc ran.")
+
+
+_DEVICE = {"part1": torch.device("cpu"), "part2": torch.device("meta"), "fc": torch.device("meta")}
 
 
 # --- 02a.2: GPipe on p stage processes ----------------------------------------------------------------
 
 _P, _M, _ROWS, _WIDTH = 3, 4, 24, 32
+#: Seeds of the grader's own model and batch: the notebook's make_stages()/make_batch() defaults differ.
+_MODEL_SEED, _BATCH_SEED = 2402, 2403
+
+
+def _model(p: int) -> list[nn.Sequential]:
+    return make_stages(p, _WIDTH, 1, seed=_MODEL_SEED)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return make_batch(_ROWS, _WIDTH, seed=_BATCH_SEED)
 
 
 def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> dict[str, Any]:
-    stage = make_stages(world_size, _WIDTH, 1)[rank]
-    x, y = make_batch(_ROWS, _WIDTH)
+    stage = _model(world_size)[rank]
+    x, y = _batch()
+    if rank > 0:  # only the first stage reads the batch; the others only need its shape
+        x = torch.full_like(x, float("nan"))
+    if rank < world_size - 1:  # only the last stage computes the loss
+        y = torch.full_like(y, float("nan"))
     passes: list[str] = []
     rows: list[int] = []
+    computed_here: list[bool] = []
 
     def note(mod: nn.Module, args: tuple[Any, ...]) -> None:
         passes.append("F")
         rows.append(len(args[0]))
+        computed_here.append(getattr(args[0], "grad_fn", None) is not None)
 
     stage.register_forward_pre_hook(note)
     first = next(m for m in stage if isinstance(m, nn.Linear))
@@ -111,7 +168,13 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
     loss = gpipe_step(rank, world_size, stage, x, y, _M)
     grads = {f"{rank}.{n}": p.grad.clone() for n, p in stage.named_parameters() if p.grad is not None}
     loss = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else loss
-    return {"loss": loss, "grads": grads, "passes": "".join(passes), "rows": rows}
+    return {
+        "loss": loss,
+        "grads": grads,
+        "passes": "".join(passes),
+        "rows": rows,
+        "computed_here": any(computed_here),
+    }
 
 
 @exercise(
@@ -119,7 +182,7 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
     "GPipe on p stages",
     hint="a middle stage receives from rank - 1 and sends to rank + 1; run all m forwards before the first "
     "backward; the last stage's loss for each micro-batch counts 1/m of the batch's mean loss.",
-    forbid=("run_order",),
+    forbid=("run_order", "pipelining", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "build_stage"),
 )
 def grade_gpipe_step(gpipe_step: Callable[..., Any]) -> str:
     if not callable(gpipe_step):
@@ -136,8 +199,13 @@ def grade_gpipe_step(gpipe_step: Callable[..., Any]) -> str:
             raise Wrong(
                 f"stage {rank} ran its passes in the order {res['passes']} (F = forward, B = backward)."
             )
-    model = nn.Sequential(*make_stages(_P, _WIDTH, 1))
-    x, y = make_batch(_ROWS, _WIDTH)
+        if rank > 0 and res["computed_here"]:
+            raise Wrong(
+                f"stage {rank}'s input was computed on its own process (it has a grad_fn): a stage's input "
+                "is what dist.recv received from rank - 1, made a leaf with requires_grad_()."
+            )
+    model = nn.Sequential(*_model(_P))
+    x, y = _batch()
     loss = F.mse_loss(model(x), y)
     loss.backward()
     last = results[-1]["loss"]

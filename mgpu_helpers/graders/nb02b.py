@@ -5,11 +5,15 @@ with ``PipelineStage`` and ``Schedule1F1B`` (02b.2), run for real.
 the simulator (:func:`mgpu_helpers.pipeline.simulate_orders`, equal costs, backward = 2 × forward):
 they must not deadlock, must take no longer than GPipe, and stage ``s`` must never hold the activations
 of more than ``p - s`` micro-batches. Then it runs the orders for p = 2, m = 4 on two gloo processes
-(:func:`mgpu_helpers.pipeline.run_order`) and compares the gradients with the unsplit model's.
+(:func:`mgpu_helpers.pipeline.run_order`) and compares the gradients with the unsplit model's. The
+package's and PyTorch's own 1F1B orders (``stage_order``, ``Schedule1F1B``) are not accepted.
 
 02b.2 runs the student's ``train_stage(rank, world_size, stage_module, x, y, m, steps, lr)`` on two gloo
 processes and compares each stage's parameters after 3 steps with the unsplit model trained by plain
-SGD on the whole batch; hooks check that the last step ran 1F1B's order.
+SGD on the whole batch; hooks check that the last step ran 1F1B's order. Both exercises use a model and
+a batch with seeds of their own (the notebook's ``make_stages()``/``make_batch()`` cannot rebuild them),
+and in 02b.2 only rank 0 gets the real ``x`` and only the last rank the real ``y`` (NaN elsewhere), so a
+rank that trains the whole model by itself fails.
 """
 
 from __future__ import annotations
@@ -35,6 +39,17 @@ from ._ranks import run_ranks
 from .nb02a import compare_grads
 
 _WIDTH, _ROWS = 32, 16
+#: Seeds of the grader's own model and batch: the notebook's make_stages()/make_batch() defaults differ.
+_MODEL_SEED, _BATCH_SEED = 2404, 2405
+
+
+def _model(p: int) -> list[nn.Sequential]:
+    return make_stages(p, _WIDTH, 1, seed=_MODEL_SEED)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return make_batch(_ROWS, _WIDTH, seed=_BATCH_SEED)
+
 
 # --- 02b.1: the 1F1B order ------------------------------------------------------------------------------
 
@@ -50,8 +65,8 @@ def _orders(one_f_one_b: Callable[[int, int], Any], p: int, m: int) -> list[list
 def _run_orders_rank(
     rank: int, world_size: int, orders: list[list[tuple[str, int]]]
 ) -> dict[str, torch.Tensor]:
-    stage = make_stages(world_size, _WIDTH, 1)[rank]
-    x, y = make_batch(_ROWS, _WIDTH)
+    stage = _model(world_size)[rank]
+    x, y = _batch()
     m = len(orders[rank]) // 2
     run_order(
         stage, [(k, i, 0) for k, i in orders[rank]], rank, world_size, list(x.chunk(m)), list(y.chunk(m))
@@ -64,12 +79,22 @@ def _run_orders_rank(
     "the 1F1B order",
     hint="a stage warms up with just enough forwards to keep the stages after it busy, then alternates one "
     "forward and one backward, and ends with the backwards it still owes; F and B of each micro-batch once.",
-    forbid=("stage_order", "simulate", "simulate_orders"),
+    forbid=(
+        "stage_order",
+        "simulate",
+        "simulate_orders",
+        "pipelining",
+        "Schedule1F1B",
+        "ScheduleInterleaved1F1B",
+        "pipeline_order",
+        "_get_pipeline_order",
+        "_calculate_single_rank_operations",
+    ),
 )
 def grade_one_f_one_b(one_f_one_b: Callable[[int, int], Any]) -> str:
     if not callable(one_f_one_b):
         raise Wrong(f"pass the function itself, not {type(one_f_one_b).__name__}")
-    cases = [(2, 4), (4, 8), (3, 2), (4, 4), (1, 3)]
+    cases = [(2, 4), (4, 8), (3, 2), (4, 4), (1, 3), (5, 7)]
     for p, m in cases:
         orders = _orders(one_f_one_b, p, m)
         try:
@@ -95,8 +120,8 @@ def grade_one_f_one_b(one_f_one_b: Callable[[int, int], Any]) -> str:
                 )
     orders = _orders(one_f_one_b, 2, 4)
     got = {k: g for res in run_ranks(_run_orders_rank, 2, orders) for k, g in res.items()}
-    model = nn.Sequential(*make_stages(2, _WIDTH, 1))
-    x, y = make_batch(_ROWS, _WIDTH)
+    model = nn.Sequential(*_model(2))
+    x, y = _batch()
     F.mse_loss(model(x), y).backward()
     compare_grads(got, {n: p.grad for n, p in model.named_parameters()}, "run on 2 processes")
     return (
@@ -112,8 +137,12 @@ _M, _STEPS, _LR = 4, 3, 0.1
 
 
 def _train_rank(rank: int, world_size: int, train_stage: Callable[..., Any]) -> dict[str, Any]:
-    stage = make_stages(world_size, _WIDTH, 1)[rank]
-    x, y = make_batch(_ROWS, _WIDTH)
+    stage = _model(world_size)[rank]
+    x, y = _batch()
+    if rank > 0:  # only the first stage reads the batch
+        x = torch.full_like(x, float("nan"))
+    if rank < world_size - 1:  # only the last stage computes the loss
+        y = torch.full_like(y, float("nan"))
     passes: list[str] = []
     stage.register_forward_pre_hook(lambda mod, args: passes.append("F"))
     stage[0].weight.register_post_accumulate_grad_hook(lambda p: passes.append("B"))
@@ -143,8 +172,8 @@ def grade_train_stage(train_stage: Callable[..., Any]) -> str:
                 f"{_STEPS} steps of 1F1B with m={_M} end with {want} "
                 f"and run {_STEPS * _M} backwards in all."
             )
-    model = nn.Sequential(*make_stages(2, _WIDTH, 1))
-    x, y = make_batch(_ROWS, _WIDTH)
+    model = nn.Sequential(*_model(2))
+    x, y = _batch()
     optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
     for _ in range(_STEPS):
         optimizer.zero_grad()

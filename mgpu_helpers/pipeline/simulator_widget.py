@@ -119,6 +119,8 @@ class ScheduleSimulator:
         except ValueError as exc:  # e.g. interleaved with m not a multiple of p: say so, keep the panel
             self.result, self.error = None, str(exc)
             self.info.value = f"<span style='color:#B22222'>{exc}</span>"
+            self.image.value = b""  # no chart of an earlier configuration under the message
+            self.image.layout.display = "none"
             return
         r = self.result
         self.info.value = (
@@ -127,6 +129,7 @@ class ScheduleSimulator:
             f"step {r.makespan:g} vs ideal {r.ideal:g} <i>(simulated)</i>"
         )
         self.image.value = self.png()
+        self.image.layout.display = None  # shown again after an error hid it
 
     def png(self) -> bytes:
         """The current chart as PNG bytes (ValueError, saying why, when the configuration cannot run)."""
