@@ -1,12 +1,9 @@
-"""Reference solutions of notebook 05c's exercises and typical wrong attempts (tests/test_solutions.py)."""
+"""Reference solutions of notebook 05c's exercises, typical wrong attempts and known shortcuts
+(tests/test_solutions.py)."""
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
+import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
@@ -30,28 +27,180 @@ def shard_every_unit_alike(model, mesh, half):
     return model
 
 
-def export(model, path):
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on rank 0's CPU
-    full = get_model_state_dict(model, options=options)  # every rank takes part in the gather
-    if dist.get_rank() == 0:
-        torch.save(full, path)
+def _shard_cast_model(model, mesh, half):
+    """Shortcut: cast the model to bf16 instead of a policy; no fp32 master weights are left."""
+    model.to(half)
+    last = len(model.blocks) - 1
+    fully_shard(model.embed, mesh=mesh)
+    for i, block in enumerate(model.blocks):
+        fully_shard(block, mesh=mesh, reshard_after_forward=i < last)
+    fully_shard(model.head, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh)
+    return model
 
 
-def import_weights(model, path):
-    full = torch.load(path, weights_only=True) if dist.get_rank() == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full, options=options)  # rank 0 sends each rank its shard
+def _shard_root_only(model, mesh, half):
+    """Shortcut: one unit for everything (the policy is right): the whole model is gathered at once."""
+    policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    return model
 
 
-def export_shards(model, path):
-    """torch.save of the sharded state dict: rank 0 writes its own shards (DTensors), not the model."""
-    if dist.get_rank() == 0:
-        torch.save(model.state_dict(), path)
+def _shard_hard_coded_last_block(model, mesh, half):
+    """Shortcut: the 'last block' written as index 2, the last one of the 3 blocks the notebook used to
+    name; the grader's model has another count."""
+    policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+    for i, block in enumerate(model.blocks):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i != 2)
+    fully_shard(model.head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
 
 
-def import_shards(model, path):
-    model.load_state_dict(torch.load(path, weights_only=False))
+def _shard_reduce_in_half(model, mesh, half):
+    """Shortcut: a policy with param_dtype only: the gradients are reduce-scattered in bf16 too."""
+    policy = MixedPrecisionPolicy(param_dtype=half)
+    last = len(model.blocks) - 1
+    fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+    for i, block in enumerate(model.blocks):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+    fully_shard(model.head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
 
 
-SOLUTIONS = {"05c.1": (shard,), "05c.2": (export, import_weights)}
-WRONG = {"05c.1": (shard_every_unit_alike,), "05c.2": (export_shards, import_shards)}
+# --- 05c.2: one FSDP unit's collectives by hand ------------------------------------------------------
+
+
+def _padded_rows(rows, world_size):
+    return -(-rows // world_size)  # ceil(rows / world_size): every rank's piece, padded
+
+
+def gather_full(shard, rows):
+    n, c = dist.get_world_size(), _padded_rows(rows, dist.get_world_size())
+    piece = F.pad(shard, [0, 0] * (shard.dim() - 1) + [0, c - shard.shape[0]])  # zero rows at the end
+    full = shard.new_empty((n * c, *shard.shape[1:]))
+    dist.all_gather_single(full, piece.contiguous())  # rank r's piece lands at rows r*c ... r*c + c
+    return full[:rows]  # the padding of the last pieces sits past the real rows
+
+
+def scatter_grad(full_grad):
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = full_grad.shape[0]
+    c = _padded_rows(rows, n)
+    padded = F.pad(full_grad, [0, 0] * (full_grad.dim() - 1) + [0, n * c - rows])
+    mine = full_grad.new_empty((c, *full_grad.shape[1:]))
+    dist.reduce_scatter_single(mine, padded.contiguous())  # the SUM of rank r's rows lands on rank r
+    return (mine / n)[: max(0, min(c, rows - r * c))]  # FSDP averages; drop this rank's padding
+
+
+def scatter_grad_summed(full_grad):
+    """Wrong: the reduce-scatter's sum kept; FSDP2 averages over the ranks."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = full_grad.shape[0]
+    c = _padded_rows(rows, n)
+    padded = F.pad(full_grad, [0, 0] * (full_grad.dim() - 1) + [0, n * c - rows])
+    mine = full_grad.new_empty((c, *full_grad.shape[1:]))
+    dist.reduce_scatter_single(mine, padded.contiguous())
+    return mine[: max(0, min(c, rows - r * c))]
+
+
+def _gather_by_all_reduce(shard, rows):
+    """Shortcut: every rank writes its rows into a zero full tensor and all-reduces it (twice the bytes)."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    c = _padded_rows(rows, n)
+    full = shard.new_zeros((n * c, *shard.shape[1:]))
+    full[r * c : r * c + shard.shape[0]] = shard
+    dist.all_reduce(full)
+    return full[:rows]
+
+
+def _scatter_by_all_reduce(full_grad):
+    """Shortcut: DDP's all-reduce of the whole gradient, then keep this rank's rows."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    summed = full_grad.clone()
+    dist.all_reduce(summed)
+    c = _padded_rows(full_grad.shape[0], n)
+    return (summed / n)[r * c : r * c + c]
+
+
+def _gather_with_dtensor(shard, rows):
+    """Shortcut: DTensor does the padding and the all-gather (FSDP's own machinery)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    shape = (rows, *shard.shape[1:])
+    stride = torch.empty(shape).stride()
+    return DTensor.from_local(shard, mesh, [Shard(0)], shape=shape, stride=stride).full_tensor()
+
+
+def _scatter_with_dtensor(full_grad):
+    """Shortcut: a Partial('avg') DTensor redistributed to Shard(0)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import Partial
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    return DTensor.from_local(full_grad, mesh, [Partial("avg")]).redistribute(mesh, [Shard(0)]).to_local()
+
+
+def _gather_from_the_graders_model(shard, rows):
+    """Shortcut: no communication; the full weight rebuilt with the grader's own model builder."""
+    from mgpu_helpers.graders import nb05c
+
+    for p in nb05c._model(0, n_blocks=2).parameters():
+        if p.shape[0] == rows and p.shape[1:] == shard.shape[1:]:
+            return p.detach()
+    return shard
+
+
+def _scatter_local_rows_only(full_grad):
+    """Shortcut: this rank's rows of its own gradient, no communication: no average over the ranks."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    c = _padded_rows(full_grad.shape[0], n)
+    return full_grad[r * c : r * c + c]
+
+
+def _gather_full_list_form(shard, rows):
+    """Correct too: the list form of all_gather, then the padded pieces concatenated."""
+    n, c = dist.get_world_size(), _padded_rows(rows, dist.get_world_size())
+    piece = torch.cat([shard, shard.new_zeros((c - shard.shape[0], *shard.shape[1:]))])
+    pieces = [torch.empty_like(piece) for _ in range(n)]
+    dist.all_gather(pieces, piece)
+    return torch.cat(pieces)[:rows]
+
+
+def _scatter_grad_divided_first(full_grad):
+    """Correct too: divide by N before the reduce-scatter (as FSDP may), slice with narrow."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = full_grad.shape[0]
+    c = _padded_rows(rows, n)
+    padded = torch.cat([full_grad / n, full_grad.new_zeros((n * c - rows, *full_grad.shape[1:]))])
+    mine = full_grad.new_empty((c, *full_grad.shape[1:]))
+    dist.reduce_scatter_single(mine, padded)
+    return mine.narrow(0, 0, max(0, min(c, rows - r * c)))
+
+
+SOLUTIONS = {"05c.1": (shard,), "05c.2": (gather_full, scatter_grad)}
+WRONG = {"05c.1": (shard_every_unit_alike,), "05c.2": (gather_full, scatter_grad_summed)}
+SHORTCUTS = {
+    "05c.1": {
+        "cast_the_model_instead_of_a_policy": (_shard_cast_model,),
+        "root_only": (_shard_root_only,),
+        "hard_coded_last_block_index": (_shard_hard_coded_last_block,),
+        "gradients_reduced_in_bf16": (_shard_reduce_in_half,),
+    },
+    "05c.2": {
+        "all_reduce_a_zero_filled_full_tensor": (_gather_by_all_reduce, scatter_grad),
+        "all_reduce_the_gradient_then_slice": (gather_full, _scatter_by_all_reduce),
+        "dtensor_does_the_gather": (_gather_with_dtensor, scatter_grad),
+        "dtensor_does_the_reduce_scatter": (gather_full, _scatter_with_dtensor),
+        "rebuilt_from_the_graders_model": (_gather_from_the_graders_model, scatter_grad),
+        "own_rows_without_communication": (gather_full, _scatter_local_rows_only),
+    },
+}
+VARIANTS = {
+    "05c.2": {"list_all_gather_and_divide_first": (_gather_full_list_form, _scatter_grad_divided_first)}
+}

@@ -4,8 +4,10 @@ gradient clipping (05a.1), and the repair of a gradient-accumulation step (05a.2
 Both graders run the student's step for real, on the CPU with bf16 autocast and
 ``torch.amp.GradScaler("cpu")``, for a few steps on a small model, and compare how far the weights
 moved with an fp32 reference computed here (same data, same SGD, same clipping; for 05a.2 one step on
-the whole batch per group of micro-batches). Then one batch holds an ``inf``: the scaler must skip that
-optimizer step (weights unchanged and finite) and halve its scale, once.
+the whole batch per group of micro-batches); the weights must still be fp32 (a model cast to bf16 is
+not mixed precision). Then one batch holds an ``inf``: the scaler must skip that optimizer step (weights
+unchanged and finite) and halve its scale, once (a step without the scaler, or one that skips by hand,
+leaves the scale alone).
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
         raise Wrong(
             f"a forward pass ran on {max(rows)} rows: accumulation runs forward and backward on each "
             f"micro-batch of {_MICRO} rows in turn, never on the whole batch at once."
+        )
+    kept = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()} - {"float32"})
+    if kept:
+        raise Wrong(
+            f"after your steps the weights are {', '.join(kept)}: mixed precision keeps the weights in fp32 "
+            "(small updates vanish in 16 bits) and lets autocast make the 16-bit copies."
         )
     if torch.bfloat16 not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in sorted(dtypes, key=str)) or "nothing"

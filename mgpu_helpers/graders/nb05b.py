@@ -12,11 +12,17 @@ compares with the plain blocks: the same output and gradients (to 1e-6), at most
 segment kept between forward and backward, and an activation peak under a target fraction of the plain
 one (all bytes from :class:`mgpu_helpers.memory.MemoryTracker`). ``checkpoint_sequential``, torch's own
 version, is not accepted.
+
+Answer keys are refused by name (``forbid``) and at run time: a profiler hook sees whether the student's
+function ends up in the course's predictor (``mgpu_helpers.memory.estimate``), in this grader's own
+formulas, or in ``checkpoint_sequential``, however it was imported or renamed.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +33,37 @@ from torch import nn
 from ..exercises import Wrong, exercise
 
 _SETUPS = ("DDP", "ZeRO-1", "FSDP2")
+
+
+def _watched(fn: Callable[..., Any], answer_keys: Callable[[Any], bool], *args: Any) -> tuple[Any, list[str]]:
+    """``fn(*args)`` and the names of the functions it reached for which ``answer_keys(code)`` is true."""
+    hits: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and answer_keys(frame.f_code):
+            hits.append(frame.f_code.co_name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, hits
+
+
+def _is_the_predictor(code: Any) -> bool:
+    """The course's memory predictor, or this grader's formulas: the answer to 05b.1."""
+    from ..memory import estimate
+
+    return code.co_filename in (estimate.__file__, __file__)
+
+
+def _refuse(hits: list[str], what: str) -> None:
+    if hits:
+        raise Wrong(f"your code reached {hits[0]}, {what}: write it yourself.")
+
+
 _CATEGORIES = ("parameters", "gradients", "optimizer")
 
 
@@ -95,7 +132,7 @@ def _as_budget(budget: Any, call: str) -> dict[str, float]:
     "a per-rank memory budget, checked against a real sharded run",
     hint="fp32 Adam keeps 4 bytes of weight, 4 of gradient and 8 of optimizer state per parameter; "
     "ask for each setup which of the three it divides among the ranks.",
-    forbid=("predict_memory", "estimate"),
+    forbid=("predict_memory", "estimate", "_formula"),
 )
 def grade_budget(per_rank_bytes: Callable[[int, int, str], dict]) -> str:
     """Compare ``per_rank_bytes(n_params, world_size, setup)`` with what 2 real ranks hold."""
@@ -105,7 +142,13 @@ def grade_budget(per_rank_bytes: Callable[[int, int, str], dict]) -> str:
     from ..models import count_parameters
 
     psi = count_parameters(_shard_model())
-    budgets = {s: _as_budget(per_rank_bytes(psi, 2, s), f"per_rank_bytes({psi}, 2, {s!r})") for s in _SETUPS}
+
+    def budget(n: int, setup: str) -> dict[str, float]:
+        result, hits = _watched(per_rank_bytes, _is_the_predictor, psi, n, setup)
+        _refuse(hits, "the course's ready-made predictor")
+        return _as_budget(result, f"per_rank_bytes({psi}, {n}, {setup!r})")
+
+    budgets = {s: budget(2, s) for s in _SETUPS}
     per_rank = launch(_measure_rank, nprocs=2, backend="gloo", threads_per_process=1)
     worst = 0.0
     for rank, measured in enumerate(per_rank):
@@ -121,8 +164,7 @@ def grade_budget(per_rank_bytes: Callable[[int, int, str], dict]) -> str:
                 worst = max(worst, error)
     for n in (4, 8):  # more ranks than this grader can start: the formulas of ZeRO's paper
         for setup in _SETUPS:
-            call = f"per_rank_bytes({psi}, {n}, {setup!r})"
-            got, want = _as_budget(per_rank_bytes(psi, n, setup), call), _formula(psi, n, setup)
+            got, want = budget(n, setup), _formula(psi, n, setup)
             for cat in _CATEGORIES:
                 if not math.isclose(got[cat], want[cat], rel_tol=0.01):
                     raise Wrong(
@@ -186,9 +228,22 @@ def grade_segments(checkpoint_in_segments: Callable[[nn.Module, torch.Tensor, in
     x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1))
     one_input = x.numel() * x.element_size()  # the bytes of one block's input (and output)
     out_p, grads_p, _, peak_p = _step(blocks, x, blocks)
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    torch_version = inspect.unwrap(checkpoint_sequential).__code__
+    hits: list[str] = []
+
+    def run(t: torch.Tensor, segments: int) -> torch.Tensor:
+        out, reached = _watched(
+            checkpoint_in_segments, lambda code: code is torch_version, blocks, t, segments
+        )
+        hits.extend(reached)
+        return out
+
     seen = []
     for segments, target in _TARGETS.items():
-        out, grads, held, peak = _step(blocks, x, lambda t, s=segments: checkpoint_in_segments(blocks, t, s))
+        out, grads, held, peak = _step(blocks, x, lambda t, s=segments: run(t, s))
+        _refuse(hits, "torch's own version of this exercise")
         what = f"with {segments} segments"
         if out.shape != out_p.shape or not torch.allclose(out, out_p, rtol=0, atol=1e-6):
             raise Wrong(f"{what} the output differs from that of the plain blocks.")

@@ -1,30 +1,35 @@
 """Used by notebook 05c's exercises: sharding a model with FSDP2 per block with a mixed-precision policy
-(05c.1), and one ordinary file exported from the shards and imported back into shards at other world
-sizes (05c.2).
+(05c.1), and one FSDP unit's all-gather and reduce-scatter written by hand with plain collectives on
+padded shards, checked against FSDP2 itself (05c.2).
 
 05c.1 calls the student's ``shard(model, mesh, half)`` on 2 real gloo processes and checks what FSDP2
 then does: the root, ``embed``, every block and ``head`` are FSDP units, every parameter is a ``DTensor``
 sharded on dim 0, each linear layer computes in ``half`` (a forward pre-hook reads the weight's and the
 input's dtype), after the forward exactly the units whose backward comes first (``head`` and the last
 block) still hold full weights (the others are ``DTensor`` shards again), so the backward all-gathers
-``embed`` and every block but the last again, the gradients are reduce-scattered in fp32 (a
-``TorchDispatchMode`` sees the ``c10d`` collectives, as in the notebook), and the full gradients equal a
-single-process fp32 run on the whole batch within bf16's rounding (5 %).
+``embed`` and every block but the last again, the all-gathers are in ``half`` and the gradients are
+reduce-scattered in fp32 (:class:`~mgpu_helpers.collectives.CollectiveSpy`, the spy of notebook 01c),
+and the full gradients equal a single-process fp32 run on the whole batch within bf16's rounding (5 %).
+The model has 4 blocks (the notebook does not say how many), so "the last block" must be found, not
+hard-coded.
 
-05c.2 trains 2 steps at world size 2 and calls the student's ``export(model, path)``, counting the
-``torch.save`` calls of each rank (one file, written once by one process); the file must be an ordinary
-``torch.save`` state dict that a plain, unsharded copy of the model loads (``weights_only=True``)
-with exactly the trained weights. Then, at world sizes 1 and 3, it builds a fresh sharded model and calls
-``import_weights(model, path)``: the parameters must still be sharded ``DTensor``s and, gathered with
-``get_model_state_dict``, equal the trained weights exactly.
+05c.2 builds, on 3 gloo ranks, a model with fresh random weights (a new seed every grading, so no
+importable builder reproduces them) sharded by FSDP2, runs FSDP2's own forward and backward on each
+rank's slice of a batch, and then calls the student's ``gather_full(shard, rows)`` on every parameter's
+local shard (``to_local()``: uneven, e.g. 2, 2 and 1 rows of a 5-row weight) and
+``scatter_grad(full_grad)`` on every full gradient of a plain copy of the model run on the same slice.
+The results must equal FSDP2's ``full_tensor()`` and its gradient shards, and the spy must see exactly
+one collective per call: an all-gather of the padded full size (not an all-reduce of a zero-filled
+full tensor, which moves twice the bytes), and a reduce-scatter of the padded full size (not an
+all-reduce of the whole gradient, DDP's traffic). ``DTensor`` and FSDP's own functions (which would do
+the work) are rejected by name and at run time.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+import math
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -32,10 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..collectives import CollectiveSpy
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
 _WIDTH, _CLASSES, _BATCH = 64, 5, 12  # 5 output rows: padded shards; 12 splits over 1, 2 and 3 ranks
+_BLOCKS = 4  # 05c.1: the notebook does not name the count, so the last block cannot be hard-coded
 
 
 class _Block(nn.Module):
@@ -50,7 +57,7 @@ class _Block(nn.Module):
 class _Net(nn.Module):
     """A transformer-shaped stack: an input layer, residual blocks, an output layer."""
 
-    def __init__(self, n_blocks: int = 3) -> None:
+    def __init__(self, n_blocks: int = _BLOCKS) -> None:
         super().__init__()
         self.embed = nn.Linear(_WIDTH, _WIDTH)
         self.blocks = nn.ModuleList(_Block() for _ in range(n_blocks))
@@ -63,9 +70,9 @@ class _Net(nn.Module):
         return self.head(x)
 
 
-def _model() -> _Net:
-    torch.manual_seed(0)
-    return _Net()
+def _model(seed: int = 0, n_blocks: int = _BLOCKS) -> _Net:
+    torch.manual_seed(seed)
+    return _Net(n_blocks)
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,23 +84,6 @@ def _my_part(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch
     x, y = _batch(step)
     k = _BATCH // world_size
     return x[rank * k : (rank + 1) * k], y[rank * k : (rank + 1) * k]
-
-
-def _collectives_spy() -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Spy(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen: list[tuple[str, torch.dtype, int]] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # torch's protocol
-            name = func.name()
-            if name.startswith("c10d::") and args and isinstance(args[0], torch.Tensor):
-                self.seen.append((name, args[0].dtype, args[0].numel()))
-            return func(*args, **(kwargs or {}))
-
-    return Spy()
 
 
 # --- 05c.1 ------------------------------------------------------------------------------------------
@@ -135,7 +125,7 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
         if isinstance(layer, nn.Linear):
             layer.register_forward_pre_hook(functools.partial(record, name))
     x, y = _my_part(0, rank, world_size)
-    forward, backward = _collectives_spy(), _collectives_spy()
+    forward, backward = CollectiveSpy(), CollectiveSpy()
     with forward:
         loss = F.cross_entropy(model(x).float(), y)
     # the units that still hold full (plain) parameters after the forward
@@ -145,9 +135,10 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
     report.update(
         dtypes=dtypes,
         kept=kept,
-        gathers=[n for name, _, n in forward.seen if "allgather" in name],
-        regathers=sum("allgather" in name for name, _, _ in backward.seen),
-        reduce_dtypes=sorted({str(d) for name, d, _ in backward.seen if "reduce_scatter" in name}),
+        gathers=forward.count("all_gather"),
+        regathers=backward.count("all_gather"),
+        gather_dtypes=sorted({str(c.dtype) for c in forward.calls + backward.calls if c.op == "all_gather"}),
+        reduce_dtypes=sorted({str(c.dtype) for c in backward.calls if c.op == "reduce_scatter"}),
         param_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
         grads={n: p.grad.full_tensor() if p.grad is not None else None for n, p in model.named_parameters()},
     )
@@ -184,6 +175,11 @@ def grade_shard(shard: Callable[..., Any]) -> str:
             raise Wrong(f"layer {name} computed with a {weight} weight on a {given} input, not in bfloat16.")
     if report["param_dtypes"] != ["torch.float32"]:
         raise Wrong(f"the sharded parameters are {report['param_dtypes']}, not fp32 master weights.")
+    if report["gather_dtypes"] != ["torch.bfloat16"]:
+        raise Wrong(
+            f"the weights were all-gathered in {', '.join(report['gather_dtypes'])}: the policy casts each "
+            "shard to the compute dtype before the all-gather, halving its bytes."
+        )
     if report["reduce_dtypes"] != ["torch.float32"]:
         raise Wrong(f"the gradients were reduce-scattered in {', '.join(report['reduce_dtypes'])}, not fp32.")
     blocks = len(_model().blocks)
@@ -219,7 +215,7 @@ def grade_shard(shard: Callable[..., Any]) -> str:
             )
         worst = max(worst, error)
     return (
-        f"on 2 ranks: embed, {blocks} blocks and head are FSDP units ({len(report['gathers'])} all-gathers "
+        f"on 2 ranks: embed, {blocks} blocks and head are FSDP units ({report['gathers']} all-gathers "
         f"in forward, {report['regathers']} in backward; head and blocks.{blocks - 1} stay gathered), "
         "every parameter is an fp32 Shard(0) DTensor, every layer computes in bf16, gradients are reduced "
         f"in fp32 and are within {worst:.1%} of fp32 single-process gradients"
@@ -228,131 +224,125 @@ def grade_shard(shard: Callable[..., Any]) -> str:
 
 # --- 05c.2 ------------------------------------------------------------------------------------------
 
+_BY_HAND_RANKS = 3  # 5 head rows -> 2, 2, 1; 64 rows -> 22, 22, 20: uneven shards that need padding
+#: What would do the exercise's work for the student: DTensor's own redistribution, FSDP itself.
+_READY_MADE = ("from_local", "distribute_tensor", "full_tensor", "redistribute", "fully_shard")
 
-def _build(world_size: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+
+def _expected_bytes(full: torch.Tensor, world_size: int) -> int:
+    """The padded full size in bytes: world_size pieces of ceil(rows / world_size) rows each."""
+    rows = full.shape[0]
+    return world_size * math.ceil(rows / world_size) * (full.numel() // max(rows, 1)) * full.element_size()
+
+
+def _one_call(spy: CollectiveSpy, op: str, full: torch.Tensor, world_size: int) -> str:
+    """'' when the spy saw exactly one ``op`` of the padded full size, else what it saw instead."""
+    seen = [(c.op, c.nbytes) for c in spy.calls]
+    want = _expected_bytes(full, world_size)
+    if not seen:
+        return (
+            f"no collective ran: the other ranks' pieces cannot reach this rank without one (wanted one {op})"
+        )
+    if [o for o, _ in seen] != [op]:
+        return f"the collectives were {[o for o, _ in seen]}, not one {op}"
+    if seen[0][1] != want:
+        return (
+            f"the {op} moved a full size of {seen[0][1]:,} B, not the padded {want:,} B (every piece padded)"
+        )
+    return ""
+
+
+def _by_hand_rank(
+    rank: int, world_size: int, gather_full: Callable[..., Any], scatter_grad: Callable[..., Any], seed: int
+) -> dict[str, Any]:
+    import copy
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
     mesh = init_device_mesh("cpu", (world_size,))
-    model = _model()
+    model = _model(seed, n_blocks=2)  # fresh random weights at every grading
+    plain = copy.deepcopy(model)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(_BATCH, _WIDTH, generator=g), torch.randint(0, _CLASSES, (_BATCH,), generator=g)
+    k = _BATCH // world_size
+    x, y = x[rank * k : (rank + 1) * k], y[rank * k : (rank + 1) * k]
+    F.cross_entropy(model(x), y).backward()  # FSDP2 itself: the reference
+    params = dict(model.named_parameters())
+    full_ref = {n: p.full_tensor().detach() for n, p in params.items()}
 
+    made: list[str] = []
+    problems: list[str] = []  # every rank makes every call (a rank that stopped early would hang the rest)
+    real_from_local = DTensor.from_local
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, world_size: int) -> None:
-    for step in steps:
-        x, y = _my_part(step, rank, world_size)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    def watched_from_local(*args: Any, **kwargs: Any) -> Any:
+        made.append("DTensor.from_local")
+        return real_from_local(*args, **kwargs)
 
+    def check(
+        fn: str, what: str, got: Any, want: torch.Tensor, spy: CollectiveSpy, op: str, full: torch.Tensor
+    ) -> str:
+        if made:
+            return f"{fn} made a DTensor ({made[0]}): that is FSDP's own {op.replace('_', '-')}"
+        odd = _one_call(spy, op, full, world_size)
+        if odd:
+            return f"{fn}, for {what}: {odd}"
+        if not isinstance(got, torch.Tensor) or isinstance(got, DTensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return f"{fn} returned {shape} for {what}, not a plain tensor of shape {tuple(want.shape)}"
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-7):
+            diff = (got - want).abs().max().item()
+            return f"{fn}'s result for {what} differs from FSDP2's by up to {diff:.3g}"
+        return ""
 
-def _full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every rank takes part; rank 0 gets the full (unsharded) weights as plain CPU tensors."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {k: v.clone() for k, v in get_model_state_dict(model, options=options).items()}
-
-
-def _export_rank(rank: int, world_size: int, export: Callable[..., Any], path: str) -> Any:
-    import torch.distributed as dist
-
-    model, opt = _build(world_size)
-    _train(model, opt, range(2), rank, world_size)
-    saves, real_save = [], torch.save
-
-    def counting_save(*args: Any, **kwargs: Any) -> None:
-        saves.append(1)
-        real_save(*args, **kwargs)
-
-    torch.save = counting_save  # this rank's own torch: count the files it writes
+    DTensor.from_local = staticmethod(watched_from_local)  # type: ignore[method-assign]
     try:
-        export(model, path)
+        for name, p in params.items():
+            local = p.to_local().detach().clone()
+            with CollectiveSpy() as spy:
+                got = gather_full(local, p.shape[0])
+            what = f"{name} (this rank's shard {tuple(local.shape)} of {tuple(p.shape)})"
+            problems.append(
+                check("gather_full", what, got, full_ref[name], spy, "all_gather", full_ref[name])
+            )
+        F.cross_entropy(plain(x), y).backward()  # this rank's slice, full weights: this rank's full gradients
+        for name, q in plain.named_parameters():
+            want = params[name].grad.to_local()
+            with CollectiveSpy() as spy:
+                got = scatter_grad(q.grad.detach().clone())
+            what = f"the gradient of {name} (FSDP2 averages the ranks' gradients)"
+            problems.append(check("scatter_grad", what, got, want, spy, "reduce_scatter", q.grad))
     finally:
-        torch.save = real_save
-    dist.barrier()
-    trained = _full_weights(model)
-    return (trained if rank == 0 else None), len(saves)
-
-
-def _import_rank(rank: int, world_size: int, import_weights: Callable[..., Any], path: str) -> Any:
-    from torch.distributed.tensor import DTensor
-
-    model, _ = _build(world_size)  # fresh: the initial weights, not the trained ones
-    import_weights(model, path)
-    plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
-    loaded = _full_weights(model)
-    return (loaded, plain) if rank == 0 else None
-
-
-def _check_weights(where: str, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    missing = sorted(set(want) - set(got))
-    if missing:
-        raise Wrong(f"{where}, {missing[0]} is missing.")
-    for name, value in want.items():
-        if got[name].shape != value.shape:
-            raise Wrong(f"{where}, {name} has shape {tuple(got[name].shape)}, not {tuple(value.shape)}.")
-        if not torch.equal(got[name], value):
-            diff = (got[name] - value).abs().max().item()
-            raise Wrong(f"{where}, {name} differs from the trained weights by up to {diff:.3g}.")
+        DTensor.from_local = staticmethod(real_from_local)  # type: ignore[method-assign]
+    found = [p for p in problems if p]
+    if found:
+        return {"problem": found[0]}
+    return {"problem": "", "params": len(params)}
 
 
 @exercise(
     "05c.2",
-    "one ordinary file from the shards, and back into shards at any world size",
-    hint="the shards must be gathered into full tensors before anything is written (get_model_state_dict "
-    "has options for full tensors on the CPU), and only one process should write; to load, every rank "
-    "must end up with its own shard of the full tensors (set_model_state_dict takes the same options).",
+    "one FSDP unit's all-gather and reduce-scatter by hand",
+    hint="all_gather_single and reduce_scatter_single need pieces of one size: pad every piece to "
+    "ceil(rows / world size) rows with zeros before the collective and drop the padding after; FSDP2 "
+    "averages the gradients, the collective sums them.",
+    forbid=_READY_MADE,
 )
-def grade_export(export: Callable[..., Any], import_weights: Callable[..., Any]) -> str:
-    """Export from 2 gloo ranks, load in a plain process, import on 1 and on 3 ranks, and compare."""
-    for name, fn in (("export", export), ("import_weights", import_weights)):
+def grade_by_hand(gather_full: Callable[..., Any], scatter_grad: Callable[..., Any]) -> str:
+    """Run both on 3 gloo ranks against FSDP2's own all-gathered weights and gradient shards."""
+    for name, fn in (("gather_full", gather_full), ("scatter_grad", scatter_grad)):
         if not callable(fn):
-            raise Wrong(f"pass your functions export and import_weights; {name} is a {type(fn).__name__}.")
-    with tempfile.TemporaryDirectory(prefix="mgpu-05c-grader-") as folder:
-        path = os.path.join(folder, "model.pt")
-        exported = run_ranks(_export_rank, 2, export, path)
-        trained, saves = exported[0][0], [n for _, n in exported]
-        if sum(saves) > 1:
-            raise Wrong(
-                f"torch.save ran {sum(saves)} times (per rank: {saves}): the one file should be "
-                "written once, by one process, not by every rank at once (a reader may see it half written)."
-            )
-        if not os.path.isfile(path):
-            raise Wrong("after export on 2 ranks there is no file at path.")
-        mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickling a DTensor warns there
-        level, _ = mesh_log.level, mesh_log.setLevel(logging.ERROR)
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any failure here is the student's file
-            raise Wrong(f"torch.load(path, weights_only=True) fails on the exported file: {exc}") from None
-        finally:
-            mesh_log.setLevel(level)
-        plain_tensors = isinstance(state, dict)
-        odd = {k: v for k, v in state.items() if type(v) is not torch.Tensor} if plain_tensors else {}
-        if not isinstance(state, dict) or odd:
-            what = f"{next(iter(odd))} is a {type(next(iter(odd.values()))).__name__}" if odd else "no dict"
-            raise Wrong(f"the exported file is not a state dict of plain tensors: {what}.")
-        plain = _model()
-        try:
-            plain.load_state_dict(state)
-        except RuntimeError as exc:
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            raise Wrong(f"a plain single-process model cannot load the exported file: {lines[-1]}") from None
-        _check_weights("in the exported file", dict(plain.state_dict()), trained)
-        for world_size in (1, 3):
-            where = f"imported on {world_size} rank{'s' if world_size > 1 else ''}"
-            try:
-                loaded, not_sharded = run_ranks(_import_rank, world_size, import_weights, path)[0]
-            except Wrong as exc:
-                raise Wrong(f"{where}: {exc}") from None
-            if not_sharded:
-                raise Wrong(f"{where}, {not_sharded[0]} is no longer a sharded DTensor.")
-            _check_weights(where, loaded, trained)
+            raise Wrong(f"pass your functions gather_full and scatter_grad; {name} is a {type(fn).__name__}.")
+    seed = int.from_bytes(os.urandom(4), "little")
+    reports = run_ranks(_by_hand_rank, _BY_HAND_RANKS, gather_full, scatter_grad, seed)
+    for rank, report in enumerate(reports):
+        if report["problem"]:
+            raise Wrong(f"rank {rank}: {report['problem']}.")
     return (
-        "the file from 2 ranks holds the full trained weights, a plain model loads it, and imported on 1 "
-        "and on 3 ranks every shard equals the trained weights"
+        f"on {_BY_HAND_RANKS} ranks, for all {reports[0]['params']} parameters (uneven shards included), one "
+        "all-gather of the padded size gives FSDP2's full weights and one reduce-scatter its gradient shards"
     )
