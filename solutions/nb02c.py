@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 02c's exercises, and typical wrong attempts
+"""Reference solutions of notebook 02c's exercises, typical wrong attempts and known shortcuts
 (run by tests/test_solutions.py)."""
 
 import torch
@@ -127,6 +127,19 @@ def full_copy_does_the_work(model, mesh):
     return Wrapper()
 
 
+def embed_colwise_gathered(model, mesh):
+    """Shortcut: the embedding split by its embedding dimensions (Colwise, Shard(1)) and gathered, which
+    avoids RowwiseParallel's Shard(-1) input default on the ids instead of learning it."""
+    plan = {
+        "embed": ColwiseParallel(output_layouts=Replicate()),
+        "head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.up"] = ColwiseParallel()
+        plan[f"blocks.{i}.down"] = RowwiseParallel()
+    return parallelize_module(model, mesh, plan)
+
+
 SOLUTIONS = {"02c.1": (vocab_parallel_embedding,), "02c.2": (shard_model,)}
 WRONG = {"02c.1": (vocab_parallel_embedding_without_mask,), "02c.2": (shard_model_every_layer_gathered,)}
 SHORTCUTS = {
@@ -139,5 +152,6 @@ SHORTCUTS = {
     "02c.2": {
         "no_sharding": (no_sharding,),
         "full_copy_does_the_work": (full_copy_does_the_work,),
+        "embed_colwise_gathered": (embed_colwise_gathered,),
     },
 }

@@ -15,7 +15,9 @@ piece that DTensor's ``Shard(0)`` embedding does for you).
 02c.2 builds a small language-model-shaped network (embedding, 3 residual MLP blocks, head) with fresh
 random weights, calls the student's ``shard_model(model, mesh)`` on a 1-D CPU mesh, and checks that
 every weight is a sharded DTensor, that the logits (full, on every rank) and all gradients equal the
-unsplit model's, and, with ``CommDebugMode``, that each block's forward runs a single collective.
+unsplit model's, and, with ``CommDebugMode``, that each block's forward runs a single collective. The
+embedding must be split by vocabulary rows (``Shard(0)``), as the lesson and 02c.1 teach: a column-split
+embedding whose output is gathered also gives the right logits but skips the lesson.
 """
 
 from __future__ import annotations
@@ -234,6 +236,9 @@ def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any], seed: int) ->
     ]
     if unsharded:
         return {"unsharded": unsharded}
+    embed_split = [p.dim for p in params["embed.weight"].placements if p.is_shard()]
+    if embed_split != [0]:
+        return {"embed": str(tuple(params["embed.weight"].placements))}
     ids, upstream = _plan_case(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn about inputs without gradients
@@ -282,6 +287,12 @@ def grade_shard_model(fn: Callable[..., Any]) -> str:
                 f"on rank {rank} {', '.join(res['unsharded'][:3])} "
                 f"{'is' if len(res['unsharded']) == 1 else 'are'} not split over the mesh "
                 "(still whole on every rank)."
+            )
+        if "embed" in res:
+            raise Wrong(
+                f"on rank {rank} embed.weight has placements {res['embed']}: each rank holds a slice of "
+                "every token's embedding dimensions. Split the embedding as the lesson does (§3's table, "
+                "exercise 02c.1): by vocabulary rows, each rank looking up only the ids it holds."
             )
         got = res["logits"]
         if got.dim() == 3 and got.shape[1] == want.shape[1] * _NPROCS:
