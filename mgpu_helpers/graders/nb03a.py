@@ -18,16 +18,20 @@ unsplit model (float64).
 the final weights with plain single-device training on the same batches. A hook on the model's first
 layer records every forward call: each batch must have been split over all the devices, one chunk per
 device as ``nn.DataParallel`` cuts it, and never run whole (plain training gets the same numbers without
-any data parallelism).
+any data parallelism). Every gather of the loop (``DataParallel.gather`` and ``parallel.gather``, watched
+for the duration) must receive per-device losses, not the model's outputs: the loss is computed inside
+the wrapped module, which is what makes the exercise's question (when is the mean of the gathered losses
+the batch's loss?) arise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -211,6 +215,38 @@ def grade_forward(data_parallel_forward: Callable[..., Any]) -> str:
 # --- 03a.2: repair the training loop ------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _watch_gathers(b: Any, dims: list[list[int]]) -> Iterator[None]:
+    """Record, for every gather while active, the number of dimensions of each replica's output.
+
+    Wraps the backend's ``DataParallel.gather`` method and its ``parallel.gather`` function (a hand-built
+    loop calls the latter), restoring both afterwards.
+    """
+
+    def wrap(original: Callable[..., Any], is_method: bool) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            given = args[1:] if is_method else args
+            outputs = given[0] if given else kwargs.get("outputs", ())
+            dims.append([o.dim() for o in outputs if isinstance(o, Tensor)])
+            return original(*args, **kwargs)
+
+        return recording
+
+    targets = [(b.DataParallel, "gather", True), (b.parallel, "gather", False)]
+    saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in targets]
+    try:
+        for owner, name, is_method in targets:
+            setattr(owner, name, wrap(getattr(owner, name), is_method))
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:  # it was inherited: remove the wrapper to uncover it again
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
 def _batches(dev: Any) -> list[tuple[Tensor, Tensor]]:
     gen = torch.Generator().manual_seed(3)
     return [
@@ -258,8 +294,9 @@ def grade_train(train: Callable[..., Any]) -> str:
         calls.append((where, len(x)))
 
     hook = student[0].register_forward_pre_hook(record)
+    gathered: list[list[int]] = []  # per gather call: the dimensions of what each replica returned
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _watch_gathers(b, gathered):
             # real GPUs: "Was asked to gather along dimension 0, but ... scalars"
             warnings.simplefilter("ignore")
             losses = train(student, batches, ids)
@@ -285,6 +322,18 @@ def grade_train(train: Callable[..., Any]) -> str:
         raise Wrong(
             f"every batch must be split over the {len(ids)} devices {[str(b.device(i)) for i in ids]}, one "
             f"chunk each as nn.DataParallel cuts it, and the model run once per chunk; {why}"
+        )
+    logits = [d for d in gathered if any(n >= 2 for n in d)]
+    if logits or len(gathered) < len(batches):
+        why = (
+            f"DataParallel gathered the model's outputs ({logits[0][0]}-dimensional, one row per sample) "
+            "and the loss was computed after the gather, on one device"
+            if logits
+            else f"{len(gathered)} gathers for {len(batches)} steps: the per-device losses were not gathered"
+        )
+        raise Wrong(
+            f"{why}. The exercise keeps the loss inside the wrapped module (WithLoss): each device computes "
+            "the loss of its own chunk, and DataParallel gathers losses."
         )
     try:
         losses = [float(v) for v in losses]

@@ -116,11 +116,12 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
 @exercise(
     "04a.1",
     "a ring all-reduce from send/recv",
-    hint="Cut the flattened tensor into N chunks (views, so that writing them writes the tensor). "
-    "Reduce-scatter: N-1 steps of 'send one chunk to the right, add the chunk that arrives from the left'. "
-    "All-gather: N-1 more steps of 'send a finished chunk to the right, overwrite with the one from the "
-    "left'. "
-    "Send with dist.isend and receive with dist.recv, so that both sides of a step can proceed.",
+    hint="the all-gather is all index arithmetic. After ring_reduce_scatter rank r owns the finished "
+    "chunk (r + 1) % N. At each all-gather step a rank sends the newest finished chunk it has (its own at "
+    "the first step, then the one it has just received) and receives the chunk its left neighbour sends, "
+    "whose index is one lower (mod N) than the one it sends itself; the receiving index at one step is the "
+    "sending index at the next. Write the two indices out for N = 3, rank by rank and step by step, and "
+    "check that every rank ends with all N chunks. Received chunks are copied in, not added.",
 )
 def grade_ring(ring_all_reduce: Callable[[torch.Tensor], Any]) -> str:
     """3 gloo ranks; results against dist.all_reduce; bytes sent per rank against 2(N-1)/N x size."""
