@@ -103,8 +103,107 @@ def train_atomic_but_replayed_shuffle(model, optimizer, data, epochs, path):
         dist.barrier()
 
 
+def load_with_written_in_epoch(path, model, optimizer, scheduler):
+    """Restores the state but returns the epoch the grader happens to crash in, not the file's."""
+    if not os.path.exists(path):
+        return 0
+    load_snapshot(path, model, optimizer, scheduler)
+    return 2
+
+
+def save_reseeding(path, model, optimizer, scheduler, epoch):
+    save_without_rng(path, model, optimizer, scheduler, epoch)
+
+
+def load_reseeding(path, model, optimizer, scheduler):
+    """Instead of the saved RNG state, re-seeds from the epoch: Dropout's masks differ from the run's."""
+    start = load_without_rng(path, model, optimizer, scheduler)
+    torch.manual_seed(start)
+    return start
+
+
+def _resume(model, optimizer, path):
+    if not os.path.exists(path):
+        return 0
+    snapshot = torch.load(path, map_location="cpu", weights_only=True)
+    model.module.load_state_dict(snapshot["model"])
+    optimizer.load_state_dict(snapshot["optimizer"])
+    return snapshot["epoch"] + 1
+
+
+def _save_atomically(path, model, optimizer, epoch):
+    state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def train_without_shuffle(model, optimizer, data, epochs, path):
+    """Atomic and resumable, but drops the shuffle: every epoch sees the same order."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    start = _resume(model, optimizer, path)
+    x, y = data
+    for epoch in range(start, epochs):
+        for batch in torch.arange(len(x))[rank::world_size].split(8):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            _save_atomically(path, model, optimizer, epoch)
+        dist.barrier()
+
+
+def train_all_data_on_every_rank(model, optimizer, data, epochs, path):
+    """Atomic, shuffled by epoch, but every rank trains on the whole epoch: no data parallelism."""
+    rank = dist.get_rank()
+    start = _resume(model, optimizer, path)
+    x, y = data
+    for epoch in range(start, epochs):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        for batch in order.split(8):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            _save_atomically(path, model, optimizer, epoch)
+        dist.barrier()
+
+
+def train_starting_over_on_a_broken_file(model, optimizer, data, epochs, path):
+    """Writes in place and, when the snapshot cannot be read, starts over instead of losing nothing."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        start = _resume(model, optimizer, path)
+    except Exception:
+        start = 0
+    x, y = data
+    for epoch in range(start, epochs):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        for batch in order[rank::world_size].split(8):
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+            torch.save(state, path)
+        dist.barrier()
+
+
 SOLUTIONS = {"04d.1": (save_snapshot, load_snapshot), "04d.2": (train,)}
 WRONG = {
     "04d.1": (save_without_rng, load_without_rng),
     "04d.2": (train_atomic_but_replayed_shuffle,),
+}
+SHORTCUTS = {
+    "04d.1": {
+        "epoch_written_in": (save_snapshot, load_with_written_in_epoch),
+        "rng_reseeded_from_the_epoch": (save_reseeding, load_reseeding),
+    },
+    "04d.2": {
+        "no_shuffle": (train_without_shuffle,),
+        "every_rank_on_all_the_data": (train_all_data_on_every_rank,),
+        "start_over_on_a_broken_snapshot": (train_starting_over_on_a_broken_file,),
+    },
 }

@@ -40,5 +40,43 @@ def allreduce_sizes_one_per_row(ddp_model, x, y):
     return sorted(math.prod(e.input_shapes[0]) for e in rows if e.key.endswith(":all_reduce"))
 
 
+def who_is_behind_named_broadcast(dumps):
+    """Finds the rank by sequence number, but writes in the kind of collective this job skipped."""
+    last = {rank: max(e["collective_seq_id"] for e in d["entries"]) for rank, d in dumps.items()}
+    return min(last, key=last.get), "gloo:broadcast"
+
+
+def who_is_behind_by_helper(dumps):
+    """The package's analyser of §4 does the whole reading: the answer key."""
+    from mgpu_helpers.troubleshoot import unmatched_collective
+
+    finding = unmatched_collective(dumps)
+    return min(finding["missing ranks"]), finding["collective"]
+
+
+def allreduce_sizes_from_ddp_logging(ddp_model, x, y):
+    """Runs the step unprofiled and returns DDP's own bucket sizes (bytes / 4): no profile read."""
+    F.cross_entropy(ddp_model(x), y).backward()
+    sizes = ddp_model._get_ddp_logging_data()["bucket_sizes"]
+    return sorted(int(b) // 4 for b in str(sizes).split(","))
+
+
+def allreduce_sizes_one_per_parameter(ddp_model, x, y):
+    """Profiles the step but returns every parameter's size: what DDP would send without buckets."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+        F.cross_entropy(ddp_model(x), y).backward()
+    return sorted(p.numel() for p in ddp_model.parameters())
+
+
 SOLUTIONS = {"07c.1": (who_is_behind,), "07c.2": (allreduce_sizes,)}
 WRONG = {"07c.1": (who_is_behind_by_length,), "07c.2": (allreduce_sizes_one_per_row,)}
+SHORTCUTS = {
+    "07c.1": {
+        "kind_written_in": (who_is_behind_named_broadcast,),
+        "package_analyser": (who_is_behind_by_helper,),
+    },
+    "07c.2": {
+        "ddp_logging_data": (allreduce_sizes_from_ddp_logging,),
+        "one_per_parameter": (allreduce_sizes_one_per_parameter,),
+    },
+}

@@ -10,20 +10,23 @@ once. The agent runs in a child of the launcher's forkserver and its workers for
 **04d.1.** In the kernel: train 2 epochs of a float64 MLP with Dropout, AdamW and a per-step ``LambdaLR``,
 ``save_snapshot``, build a fresh model, optimizer and scheduler (the global RNG re-seeded, as in a new
 process), ``load_snapshot``, train epoch 2, and compare what was loaded (epoch, weights, AdamW's moments,
-learning rate, RNG state) and the final weights with the uninterrupted run (``rtol=1e-9``). Then the
+learning rate, RNG state) and the final weights with the uninterrupted run (``rtol=1e-9``); a second
+snapshot, of epoch 6, must load as epoch 7 (the epoch comes from the file, not from the code). Then the
 elastic job: rank 1 dies at the start of epoch 2, both workers restart and resume; what they loaded and
 the final weights are compared with the same single-process computation (the two ranks draw the same
 Dropout masks: they seed alike).
 
 **04d.2.** In 2 ranks (:func:`~mgpu_helpers.graders._ranks.run_ranks`): ``train(epochs=4)`` (the
 reference), and ``train(epochs=1)`` followed by ``train(epochs=4)`` on the same path with a fresh model (it
-must resume at epoch 1 with the reference's batches and weights). Then the elastic job, where rank 0's
+must resume at epoch 1 with the reference's batches and weights); in the reference rank 0 must see its half
+of the samples once per epoch, in a new order every epoch (no shuffle, or every rank on all the data, is
+not the repair). Then the elastic job, where rank 0's
 first attempt dies while writing its **second** snapshot, whatever route the write takes (``torch.save``
 to the path, or a file opened for writing in the snapshot's folder): half the bytes reach the file, then
 ``os._exit(1)``. The restarted job must resume from the last complete snapshot, see the reference's
 batches and end with its weights.
 
-Both jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (notebook 04d, section 2, says why), keep every
+Both jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (notebook 04d's Going deeper says why), keep every
 store and socket on loopback (:mod:`mgpu_helpers.launching.loopback`), tie the agent to the kernel and the
 workers to the agent (``PR_SET_PDEATHSIG``), and stop every process before the grader returns.
 """
@@ -61,6 +64,7 @@ def _differs(a: Any, b: Any) -> float | None:
 # --- 04d.1: snapshot a full training state -------------------------------------------------------------
 
 _EPOCHS, _CRASH_EPOCH, _SAMPLES, _BATCH = 3, 2, 64, 8  # per rank and step: _BATCH samples
+_LATER_EPOCH = 6  # a second snapshot's epoch: load_snapshot must read the epoch from the file
 
 
 def _setup_041() -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
@@ -208,6 +212,14 @@ def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..
             raise Wrong(
                 "in one process, the weights after the resumed epoch differ from the uninterrupted run's."
             )
+        later = os.path.join(folder, "later.pt")  # another epoch: the epoch must come from the file
+        save_snapshot(later, model, optimizer, scheduler, _LATER_EPOCH)
+        start = load_snapshot(later, *_setup_041()[:3])
+        if start != _LATER_EPOCH + 1 or isinstance(start, bool):
+            raise Wrong(
+                f"in one process, after save_snapshot(..., epoch={_LATER_EPOCH}) your load_snapshot returned "
+                f"{start!r} as the epoch to go on at."
+            )
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
         report = elastic_job(
             f"rank 1 died at the start of epoch {_CRASH_EPOCH}",
@@ -329,6 +341,23 @@ def _worker_042(train: Callable[..., Any], folder: str) -> dict[str, Any]:
     return report
 
 
+def _check_shuffle_042(seen: list[list[int]]) -> None:
+    """Rank 0's batches in the uninterrupted run: its half of the samples, in a new order every epoch."""
+    per_epoch = len(seen) // _EPOCHS_2
+    epochs = [sum(seen[e * per_epoch : (e + 1) * per_epoch], []) for e in range(_EPOCHS_2)]
+    for e, order in enumerate(epochs):
+        if len(order) != _SAMPLES // 2 or len(set(order)) != len(order):
+            raise Wrong(
+                f"without any crash, rank 0 saw {len(order)} samples ({len(set(order))} different) in epoch "
+                f"{e}; with 2 ranks each sees its own half ({_SAMPLES // 2}) once per epoch."
+            )
+    if any(epochs[e] == epochs[0] for e in range(1, _EPOCHS_2)):
+        raise Wrong(
+            "without any crash, rank 0 saw its samples in the same order in two epochs: keep a new shuffle "
+            "every epoch (one that a restarted job can reproduce)."
+        )
+
+
 def _compare_042(seen: list[list[int]], final: list[float], reference: dict[str, Any], when: str) -> None:
     per_epoch = len(reference["seen"]) // _EPOCHS_2
     if len(seen) >= len(reference["seen"]):
@@ -367,6 +396,7 @@ def grade_restart_safe(train: Callable[..., Any]) -> str:
         raise Wrong(
             f"without any crash, rank 0 ran {len(reference['seen'])} forward passes in {_EPOCHS_2} epochs."
         )
+    _check_shuffle_042(reference["seen"])
     _compare_042(resumed["seen"], resumed["final"], reference, "called again after train(epochs=1)")
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
         report = elastic_job(

@@ -1,22 +1,29 @@
 """Used by notebook 07a's exercises: the repair of a training loop whose memory grows every batch (07a.1)
-and a batch-size search that uses a known upper bound, such as §3's estimate (07a.2).
+and a batch-size finder that survives its own out-of-memory errors (07a.2).
 
 07a.1 runs the student's loop for real under a :class:`~mgpu_helpers.memory.MemoryTracker`, marking the
-tracked tensor bytes after every ``optimizer.step()`` (a step hook): in a loop that keeps nothing from
-one batch to the next those readings are exactly equal. The same hook counts the autograd graph nodes
-still reachable from the loop's local variables (found by the loop's code object on the stack): after
-``backward()`` a kept graph holds no saved tensors any more, so the tracker cannot see it, but its node
-count grows with every batch. The returned loss and accuracy and the trained
-weights are compared with a reference loop computed here. 07a.2 runs the student's search against
-probes with known limits and counts the probes.
+tracked tensor bytes after every ``optimizer.step()`` (a step hook). What a leak keeps is a batch's
+graph or activations: the readings may grow by less than half of one batch's output (logits) per step —
+keeping each batch's predicted classes (``argmax``, 1 KiB) is fine, keeping its logits is not. The
+same hook counts, after the second and the last step, the autograd graph nodes reachable from every
+live tensor (``gc``): after ``backward()`` a kept graph holds no saved tensors any more, so the tracker
+cannot see it, but its node count grows with every batch, wherever the graph is kept. The returned loss
+and accuracy and the trained weights are compared with a reference loop computed here.
+
+07a.2 hands the student's search a real training-step stand-in: each call allocates activations and, on a
+batch too large for the simulated device, asks the allocator for 256 PiB, a real out-of-memory error
+raised while the activations are alive. The grader checks the answers, counts the calls, checks that no
+failed step's activations are still alive when the next call starts (a kept exception keeps them), and
+that an error that is not an OOM (a shape bug) comes out of the search instead of counting as "too big".
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import numbers
-import sys
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -25,17 +32,18 @@ import torch.nn.functional as F
 from ..exercises import Wrong, exercise
 from ..memory import MemoryTracker
 from ..models import MLP
-from ..troubleshoot import memory_growth
+from ..troubleshoot import is_oom, memory_growth
 
-_STEPS = 8
+_STEPS, _BATCH, _CLASSES = 8, 128, 10
 
 
 def _setup() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
-    model = MLP(in_features=32, hidden=64, out_features=10, depth=2)
+    model = MLP(in_features=32, hidden=64, out_features=_CLASSES, depth=2)
     g = torch.Generator().manual_seed(1)
     batches = [
-        (torch.randn(128, 32, generator=g), torch.randint(0, 10, (128,), generator=g)) for _ in range(_STEPS)
+        (torch.randn(_BATCH, 32, generator=g), torch.randint(0, _CLASSES, (_BATCH,), generator=g))
+        for _ in range(_STEPS)
     ]
     return model, batches
 
@@ -58,15 +66,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _graph_nodes(values: object) -> int:
-    """Autograd nodes reachable from the tensors among ``values`` (and inside lists, tuples, dicts)."""
-    roots, seen = [], set()
-    for value in values:
-        items = value.values() if isinstance(value, dict) else value
-        for item in items if isinstance(items, list | tuple) else (value,):
-            if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-                roots.append(item.grad_fn)
-    while roots and len(seen) < 100_000:
+def _live_graph_nodes() -> int:
+    """Autograd nodes reachable from every live plain tensor that has a ``grad_fn`` (found with ``gc``)."""
+    roots = [o.grad_fn for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None]
+    seen: set[object] = set()
+    while roots and len(seen) < 200_000:
         node = roots.pop()
         if node is not None and node not in seen:
             seen.add(node)
@@ -74,30 +78,24 @@ def _graph_nodes(values: object) -> int:
     return len(seen)
 
 
-def _loop_graph_nodes(code: object) -> int | None:
-    """:func:`_graph_nodes` of the locals of the running frame of ``code``; None if it is not on the stack."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code is not code:
-        frame = frame.f_back
-    return None if frame is None else _graph_nodes(list(frame.f_locals.values()))
-
-
 @exercise(
     "07a.1",
     "repair a leaking training loop",
     hint="measure before you change anything: mark a MemoryTracker after every step, as in §4.1, and see "
-    "what grows. Then ask, of every name the loop still holds when an iteration ends, what it refers to.",
+    "what grows. Then ask, of everything the loop still holds when an iteration ends, what it refers to: a "
+    "tensor that came out of the model brings its graph along.",
 )
 def _grade_leak(train_epoch: Callable[..., object]) -> str:
     model, batches = _setup()
     reference_model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = MemoryTracker(model, optimizer)
-    code, graphs = getattr(train_epoch, "__code__", None), []
+    graphs: list[int] = []
 
     def after_step(*_: object) -> None:
         tracker.mark("step")
-        graphs.append(_loop_graph_nodes(code))
+        if len(tracker.marks) in (2, _STEPS):  # the second step (a steady state) and the last
+            graphs.append(_live_graph_nodes())
 
     handle = optimizer.register_step_post_hook(after_step)
     try:
@@ -110,17 +108,19 @@ def _grade_leak(train_epoch: Callable[..., object]) -> str:
     if len(readings) != _STEPS:
         raise Wrong(f"optimizer.step() ran {len(readings)} times for {_STEPS} batches.")
     growth = memory_growth(readings[1:])
-    if growth.total_growth != 0:
+    allowed = _BATCH * _CLASSES * 4 / 2  # half of one batch's fp32 output (logits)
+    if growth.total_growth > 0 and growth.bytes_per_step >= allowed:
         raise Wrong(
             f"tracked tensor memory after each optimizer step went {readings[1]:,} B → {readings[-1]:,} B "
-            f"over {_STEPS - 1} steps (+{growth.bytes_per_step:,.0f} B per step): something still survives "
-            "from one batch to the next."
+            f"over {_STEPS - 1} steps (+{growth.bytes_per_step:,.0f} B per step, while one batch's output is "
+            f"{2 * allowed:,.0f} B): something as large as a batch's output survives from one batch to the "
+            "next."
         )
-    if None not in graphs and graphs[-1] > graphs[1]:
+    if len(graphs) == 2 and graphs[-1] > graphs[0]:
         raise Wrong(
-            f"after each optimizer step the loop's variables still reach an autograd graph that grew from "
-            f"{graphs[1]} to {graphs[-1]} nodes over {_STEPS - 1} steps (the tracked bytes stayed flat: "
-            "backward() freed its saved tensors, not the graph): something keeps a graph across batches."
+            f"after each optimizer step the live tensors reach an autograd graph that grew from "
+            f"{graphs[0]} to {graphs[-1]} nodes between the 2nd and the last step (backward() freed the "
+            "saved tensors, not the graph): something keeps a graph across batches."
         )
     if not (isinstance(result, tuple) and len(result) == 2 and all(_is_number(v) for v in result)):
         got = (
@@ -137,37 +137,57 @@ def _grade_leak(train_epoch: Callable[..., object]) -> str:
     for p, q in zip(model.parameters(), reference_model.parameters(), strict=True):
         if not torch.allclose(p, q, atol=1e-6):
             raise Wrong("after the loop the weights differ from those of the same training done here.")
+    kept = f"grew by {growth.bytes_per_step:,.0f} B per step" if growth.total_growth > 0 else "stayed flat"
     return (
-        f"memory after each of {_STEPS} optimizer steps stayed at exactly {readings[-1]:,} B (tracked), and "
-        "loss, accuracy and weights match the reference loop"
+        f"tracked memory after each of {_STEPS} optimizer steps {kept} (one batch's output is "
+        f"{2 * allowed:,.0f} B), no graph piled up, and loss, accuracy and weights match the reference loop"
     )
 
 
-class _Probe:
-    """fits(batch_size) for a device on which every batch up to ``limit`` fits; counts its calls."""
+class _Device:
+    """``step(batch_size)`` on a simulated device where batches up to ``limit`` fit.
 
-    def __init__(self, limit: int, upper: int) -> None:
-        self.limit, self.upper, self.calls = limit, upper, []
+    Each call makes real activations (4 KiB per sample) and, when the batch is too large, asks the
+    allocator for 256 PiB while they are alive: a real out-of-memory error, whose traceback refers to this
+    frame. From ``bug_above`` on, the step fails with a shape error instead (a bug, not "too big").
+    """
 
-    def __call__(self, batch_size: int) -> bool:
+    def __init__(self, limit: int, upper: int, bug_above: int | None = None) -> None:
+        self._limit, self._upper, self._bug_above = limit, upper, bug_above
+        self.calls: list[int] = []
+        self._failed: list[tuple[int, weakref.ref]] = []
+
+    def __call__(self, batch_size: int) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise Wrong(f"fits was called with {batch_size!r}; batch sizes are whole numbers.")
-        if not 1 <= batch_size <= self.upper:
-            raise Wrong(f"fits was called with {batch_size}, outside 1 … upper ({self.upper}).")
+            raise Wrong(f"step was called with {batch_size!r}; batch sizes are whole numbers.")
+        if not 1 <= batch_size <= self._upper:
+            raise Wrong(f"step was called with {batch_size}, outside 1 … upper ({self._upper}).")
+        alive = [b for b, ref in self._failed if ref() is not None]
+        if alive:
+            raise Wrong(
+                f"when step({batch_size}) started, the activations of the failed step({alive[0]}) were still "
+                "alive: something still refers to that exception or its traceback, so the next probe "
+                "starts with less memory than the first."
+            )
         self.calls.append(batch_size)
         if len(self.calls) > 200:
-            raise Wrong("more than 200 probes: the search does not end.")
-        return batch_size <= self.limit
+            raise Wrong("more than 200 calls to step: the search does not end.")
+        activations = torch.ones(batch_size, 1024)  # alive in this frame while the step runs
+        if self._bug_above is not None and batch_size > self._bug_above:
+            torch.ones(batch_size, 3) @ torch.ones(batch_size, 3)  # a shape bug: RuntimeError, not OOM
+        if batch_size > self._limit:
+            self._failed.append((batch_size, weakref.ref(activations)))
+            torch.empty(2**56, dtype=torch.uint8)  # 256 PiB: the allocator refuses at once
 
 
 #: (the real limit, the known upper bound): limits inside, at and beyond the bound, and 0.
 _CASES = (
-    (133, 151),
+    (117, 151),
     (151, 151),
     (500, 151),
     (1, 151),
     (0, 151),
-    (75, 151),
+    (58, 151),
     (1000, 4096),
     (4095, 4096),
     (1, 1),
@@ -177,23 +197,43 @@ _CASES = (
 
 @exercise(
     "07a.2",
-    "a batch-size search that uses a known upper bound",
-    hint="a known upper bound already brackets the answer, so §3's growing phase is not needed; each probe "
-    "should halve the range of sizes still in doubt.",
+    "a batch-size finder that survives its own OOMs",
+    hint="only an out-of-memory error means 'too big' (is_oom, §2); let every other error through. Keep "
+    "nothing of a failed step: decide inside except, act after it. A known upper bound already brackets "
+    "the answer, so every call should halve the sizes still in doubt.",
 )
-def _grade_bound_search(largest_below: Callable[[Callable[[int], bool], int], int]) -> str:
+def _grade_finder(largest_fitting: Callable[[Callable[[int], None], int], int]) -> str:
     worst = 0
     for limit, upper in _CASES:
-        fits = _Probe(limit, upper)
-        got = largest_below(fits, upper)
+        step = _Device(limit, upper)
+        got = largest_fitting(step, upper)
         want = min(limit, upper)
         if got != want:
-            raise Wrong(f"with upper={upper} on a device where sizes up to {limit} fit, it returned {got!r}.")
-        budget = math.ceil(math.log2(upper + 1)) + 1
-        if len(fits.calls) > budget:
             raise Wrong(
-                f"with upper={upper} (real limit {limit}) it probed {len(fits.calls)} times "
-                f"({fits.calls[:6]}…); a search over 0 … {upper} needs at most {budget}."
+                f"with upper={upper} on a device where batches up to {limit} fit, it returned {got!r}."
             )
-        worst = max(worst, len(fits.calls))
-    return f"exact on {len(_CASES)} devices with known limits, at most {worst} probes each"
+        budget = math.ceil(math.log2(upper + 1)) + 1
+        if len(step.calls) > budget:
+            raise Wrong(
+                f"with upper={upper} (real limit {limit}) it called step {len(step.calls)} times "
+                f"({step.calls[:6]}…); a search over 0 … {upper} needs at most {budget}."
+            )
+        worst = max(worst, len(step.calls))
+    buggy = _Device(1000, 151, bug_above=90)
+    try:
+        got = largest_fitting(buggy, 151)
+    except Wrong:
+        raise
+    except Exception as exc:
+        if is_oom(exc):
+            raise Wrong("an out-of-memory error came out of the search: it means 'too big'.") from None
+    else:
+        raise Wrong(
+            f"on a device where batches above 90 hit a shape bug (a RuntimeError that is not an OOM), it "
+            f"returned {got!r}: a bug is not 'too big', let it through."
+        )
+    gc.collect()
+    return (
+        f"exact on {len(_CASES)} devices with real allocator errors, at most {worst} calls each, no failed "
+        "step's memory kept, and a shape bug came through"
+    )

@@ -4,10 +4,14 @@ DDP's all-reduces from a ``torch.profiler`` profile (07c.2).
 07c.1 hangs a real 3-process gloo job — rank 2 skips a broadcast that ranks 0 and 1 issue, with a
 1.5-second collective timeout — and collects every rank's Flight Recorder dump with a ring buffer of 4
 entries, so that every dump holds the same number of entries. The student's function is called on the
-dumps as recorded and with the ranks relabelled. 07c.2 runs the student's function on both ranks of a
+dumps as recorded, with the ranks relabelled, and with the ranks relabelled and the collectives' kinds
+swapped (all-reduce and broadcast), so that neither the rank nor the kind can be written in.
+
+07c.2 runs the student's function on both ranks of a
 2-process gloo DDP job whose buckets (``bucket_cap_mb``) give several all-reduces, three of them of the
 same size, and compares the answer with the grader's own profile of the next step and with the model's
-parameter count.
+parameter count; hooks check that a profiler was recording while the student's step ran forward and
+backward (DDP's own bucket list, ``_get_ddp_logging_data()``, is not the lesson).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def _real_dumps() -> dict[int, dict[str, Any]]:
     return {rank: pickle.loads(blob) for rank, blob in enumerate(raw)}
 
 
-def _check_answer(answer: object, want_rank: int, dumps_note: str) -> None:
+def _check_answer(answer: object, want_rank: int, dumps_note: str, want_name: str = _SKIPPED) -> None:
     if not (isinstance(answer, tuple | list) and len(answer) == 2):
         raise Wrong(f"it returned {answer!r}; return a tuple (rank, collective).")
     rank, name = answer
@@ -72,7 +76,7 @@ def _check_answer(answer: object, want_rank: int, dumps_note: str) -> None:
             f"{dumps_note}it named rank {rank}, but rank {rank} issued as many collectives as the "
             "others or more: it is not the one behind."
         )
-    if name != _SKIPPED:
+    if name != want_name:
         raise Wrong(
             f"{dumps_note}it named the right rank but the collective {name!r}, which is not the one the "
             "other ranks issued next."
@@ -95,9 +99,27 @@ def _grade_behind(who_is_behind: Callable[[dict[int, dict[str, Any]]], object]) 
         (_BEHIND + 1) % len(dumps),
         "with the ranks relabelled (rank r's dump given as rank r+1, the last as rank 0) ",
     )
+    swap = {_SKIPPED: "gloo:all_reduce", "gloo:all_reduce": _SKIPPED}
+    renamed = {  # the same job had it issued broadcasts and skipped an all-reduce
+        (r + 2) % len(dumps): {
+            **d,
+            "entries": [
+                {**e, "profiling_name": swap.get(e["profiling_name"], e["profiling_name"])}
+                for e in d["entries"]
+            ],
+        }
+        for r, d in dumps.items()
+    }
+    _check_answer(
+        who_is_behind(renamed),
+        (_BEHIND + 2) % len(dumps),
+        "with the ranks relabelled (r as r+2) and the kinds swapped (every all-reduce a broadcast and the "
+        "skipped broadcast an all-reduce) ",
+        want_name="gloo:all_reduce",
+    )
     return (
         "on real dumps of a hung 3-process gloo job with a 4-entry ring buffer it named the rank that "
-        "skipped the broadcast, also with the ranks relabelled"
+        "skipped the collective and the collective, also with the ranks relabelled and the kinds swapped"
     )
 
 
@@ -123,7 +145,16 @@ def _ddp_job(rank: int, world_size: int, fn: Callable[..., object]) -> tuple[obj
     x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
     F.cross_entropy(model(x), y).backward()  # warm-up: DDP rebuilds its buckets after the first step
     model.zero_grad(set_to_none=True)
-    got = fn(model, x, y)
+    profiled: list[bool] = []  # was a profiler recording when the student's step ran forward and backward?
+    recording = torch.autograd._profiler_enabled
+    pre = model.module.register_forward_pre_hook(lambda *_: profiled.append(recording()))
+    post = model.module[-1].weight.register_hook(lambda g: profiled.append(recording()))
+    try:
+        got = fn(model, x, y)
+    finally:
+        pre.remove(), post.remove()
+    if not profiled or not all(profiled):
+        got = ("not profiled",)
     if isinstance(got, torch.Tensor):
         got = got.tolist()
     model.zero_grad(set_to_none=True)
@@ -146,6 +177,11 @@ def _grade_sizes(allreduce_sizes: Callable[..., object]) -> str:
         errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
         raise Wrong(f"a rank raised: {(errors or lines)[-1].strip()[:200]}") from None
     for rank, (got, want, params) in enumerate(results):
+        if isinstance(got, tuple) and got[:1] == ("not profiled",):
+            raise Wrong(
+                f"rank {rank}: no profiler was recording while your function ran the step's forward and "
+                "backward: read the sizes from a profile of the step, not from elsewhere."
+            )
         if not isinstance(got, list | tuple) or not all(
             isinstance(n, int) and not isinstance(n, bool) for n in got
         ):
