@@ -10,9 +10,13 @@ from ray.tune.schedulers import ASHAScheduler
 
 from mgpu_helpers import tuning
 
+TASK = tuning.ToyTask()  # as in the notebook's cell that defines train_mlp
+#: The shortcut's file outside the checkpoints (a fixed path: it does not survive a lost machine).
+SIDE_FILE = os.path.join(tempfile.gettempdir(), "mgpu_06b_run.pt")
+
 
 def trainable(config):
-    run = tuning.TrialRun(config, seed=config["seed"])
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # a restarted trial: continue where the last report left off
         with checkpoint.as_directory() as folder:
@@ -29,7 +33,7 @@ def trainable(config):
 
 def trainable_never_resuming(config):
     """The usual slip: checkpoints every epoch but never loads one, so a restarted trial starts over."""
-    run = tuning.TrialRun(config, seed=config["seed"])
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
     for _ in range(config["max_epochs"]):
         metrics = run.step()
         with tempfile.TemporaryDirectory() as folder:
@@ -43,7 +47,7 @@ def trainable_never_resuming(config):
 def trainable_replaying_the_epochs(config):
     """Shortcut: checkpoints only the epoch count and, after a restart, silently trains the earlier epochs
     again from scratch; its reports are right, but nothing was resumed."""
-    run = tuning.TrialRun(config, seed=config["seed"])
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder, open(os.path.join(folder, "epoch.txt")) as f:
@@ -55,6 +59,39 @@ def trainable_replaying_the_epochs(config):
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "epoch.txt"), "w") as f:
                 f.write(str(run.epoch))
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
+
+
+def trainable_side_file_empty_checkpoint(config):
+    """Shortcut: saves the run to a fixed file under /tmp and reports an empty checkpoint, only so that
+    Tune hands one back; on a restart it loads the file, which a lost machine no longer has."""
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
+    if tune.get_checkpoint() is not None:
+        run.load_state_dict(torch.load(SIDE_FILE))
+    while run.epoch < config["max_epochs"]:
+        metrics = run.step()
+        torch.save(run.state_dict(), SIDE_FILE)
+        with tempfile.TemporaryDirectory() as folder:
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
+
+
+def trainable_side_file_full_checkpoint(config):
+    """Shortcut: reports a full checkpoint, but on a restart loads its own copy under /tmp instead of the
+    checkpoint Tune hands back (if the file is gone, it starts over)."""
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
+    if tune.get_checkpoint() is not None and os.path.exists(SIDE_FILE):
+        run.load_state_dict(torch.load(SIDE_FILE))
+    while run.epoch < config["max_epochs"]:
+        metrics = run.step()
+        torch.save(run.state_dict(), SIDE_FILE)
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(run.state_dict(), os.path.join(folder, "run.pt"))
             tune.report(
                 {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
                 checkpoint=tune.Checkpoint.from_directory(folder),
@@ -73,4 +110,10 @@ def make_scheduler_halving():
 SOLUTIONS = {"06b.1": (trainable,), "06b.2": (make_scheduler,)}
 WRONG = {"06b.1": (trainable_never_resuming,), "06b.2": (make_scheduler_halving,)}
 #: 06b.1's shortcuts are graded on the shared Ray cluster of tests/test_tuning_ray.py.
-SHORTCUTS = {"06b.1": {"epoch count only, epochs replayed": (trainable_replaying_the_epochs,)}}
+SHORTCUTS = {
+    "06b.1": {
+        "epoch count only, epochs replayed": (trainable_replaying_the_epochs,),
+        "state in a file under /tmp, empty checkpoint": (trainable_side_file_empty_checkpoint,),
+        "state restored from a file under /tmp, not the checkpoint": (trainable_side_file_full_checkpoint,),
+    }
+}

@@ -359,7 +359,9 @@ def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt, exerc
 @pytest.mark.parametrize("name", sorted(reference_solutions("06b").SHORTCUTS["06b.1"]))
 def test_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
     """06b.1's known shortcuts (tests/test_solutions.py leaves them here too): a trainable that
-    checkpoints only the epoch count and replays the earlier epochs after the restart reports the right
-    numbers, yet the grader sees the replayed training and rejects it."""
+    checkpoints only the epoch count and replays the earlier epochs after the restart, or keeps its state
+    in a file under /tmp instead of (or besides) the checkpoint Tune hands back, may report the right
+    numbers, yet the grader rejects it: every reported checkpoint must hold the model's weights, and the
+    restart finds none of the files saved outside the checkpoints (as after a lost machine)."""
     ok, printed = graded("06b.1", *reference_solutions("06b").SHORTCUTS["06b.1"][name])
     assert not ok and printed.startswith("❌ Exercise 06b.1") and "restor" in printed, printed

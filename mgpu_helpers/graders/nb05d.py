@@ -161,10 +161,10 @@ def _traffic_cases() -> list[tuple[Any, Any, Any]]:
 @exercise(
     "05d.2",
     "the bytes one GPU sends per step",
-    hint="P = params/(t·p) and m = global_batch/(dp·b); a ring all-reduce sends 2(n−1)/n of its buffer, a "
-    "reduce-scatter or all-gather (n−1)/n; ZeRO-2 and ZeRO-3 communicate per micro-batch; TP all-reduces "
-    "b·s·h activations in each of the stage's L/p layers; full recomputation repeats the forward's two; "
-    "a middle pipeline stage sends both ways; 2 bytes per value.",
+    hint="work from section 2's bullets and the by-hand cell under them: for each kind, which group does "
+    "its collective run over (so what is n), which buffer does it move, and how often per step — once, or "
+    "once per micro-batch? Then replace each ≈ by the exact ring factor; your function should reproduce "
+    "the four by-hand numbers before the graded cases.",
     forbid=_FORBID,
 )
 def grade_traffic(bytes_sent: Callable[..., Any]) -> str:

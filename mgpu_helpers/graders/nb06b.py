@@ -69,14 +69,30 @@ def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[st
     happened, because the retried trial runs in a new actor. After the crash, every epoch trained is
     logged to ``marker + ".after"``: the epochs the run had done and a fingerprint of its weights when the
     epoch started, so that the grader sees whether the restart restored the model or trained it again.
+
+    Like a lost machine, the restart finds none of the files the first attempt wrote with ``torch.save``
+    outside Tune's storage (the folder of ``marker``): they are deleted before the trainable runs again,
+    and listed in ``marker + ".deleted"``. Only what the trial put in its checkpoints survives.
     """
 
     def crashing(config: dict[str, Any]) -> None:
         from pathlib import Path
 
+        import torch
+
         from mgpu_helpers.tuning import SimulatedCrash, TrialRun
 
-        original = TrialRun.step
+        storage = os.path.realpath(os.path.dirname(marker))
+        if Path(marker).exists():  # the restart: the first attempt's machine is gone
+            _delete_saved_outside(marker, storage)
+        original, original_save = TrialRun.step, torch.save
+
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            path = f if isinstance(f, str | os.PathLike) else getattr(f, "name", None)
+            if isinstance(path, str | os.PathLike) and not Path(marker).exists():
+                with open(marker + ".saved", "a") as log:
+                    log.write(os.path.realpath(path) + "\n")
+            return original_save(obj, f, *args, **kwargs)
 
         def step(self: Any) -> dict[str, float]:
             if Path(marker).exists():
@@ -87,13 +103,97 @@ def _crash_once(trainable: Callable[..., Any], marker: str) -> Callable[[dict[st
                 raise SimulatedCrash(f"simulated crash before epoch {_CRASH_BEFORE} (by the grader)")
             return original(self)
 
-        TrialRun.step = step
+        TrialRun.step, torch.save = step, save
         try:
             trainable(config)
         finally:
-            TrialRun.step = original
+            TrialRun.step, torch.save = original, original_save
 
     return crashing
+
+
+def _delete_saved_outside(marker: str, storage: str) -> None:
+    """Delete the files logged in ``marker + ".saved"`` that lie outside ``storage``; log them."""
+    if not os.path.exists(marker + ".saved"):
+        return
+    with open(marker + ".saved") as log:
+        saved = sorted({line.strip() for line in log if line.strip()})
+    for path in saved:
+        if os.path.commonpath([path, storage]) != storage and os.path.isfile(path):
+            os.remove(path)
+            with open(marker + ".deleted", "a") as log:
+                log.write(path + "\n")
+
+
+def _deleted(marker: str) -> list[str]:
+    """The files :func:`_delete_saved_outside` deleted before the restart."""
+    if not os.path.exists(marker + ".deleted"):
+        return []
+    with open(marker + ".deleted") as log:
+        return [line.strip() for line in log if line.strip()]
+
+
+def _tensors_in(folder: str) -> list[Any]:
+    """Every tensor in the files of ``folder`` that ``torch.load`` can read (nested dicts, lists, tuples)."""
+    import torch
+
+    found: list[Any] = []
+
+    def collect(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            found.append(obj.detach().cpu())
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                collect(value)
+        elif isinstance(obj, list | tuple):
+            for value in obj:
+                collect(value)
+
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                collect(torch.load(os.path.join(root, name), map_location="cpu", weights_only=False))
+            except Exception:  # not a torch file: Tune's own metadata, or the student's other files
+                continue
+    return found
+
+
+def _local_weights(epochs: int) -> list[list[Any]]:
+    """The model's parameters after each of ``epochs`` epochs of one uninterrupted run outside Ray."""
+    from ..tuning import TrialRun
+
+    run = TrialRun({k: _CONFIG[k] for k in ("l1", "l2", "lr", "batch_size")}, seed=_CONFIG["seed"])
+    weights = []
+    for _ in range(epochs):
+        run.step()
+        weights.append([p.detach().cpu().clone() for p in run.model.parameters()])
+    return weights
+
+
+def _check_checkpoints_hold_the_model(checkpoints: list[tuple[Any, dict[str, Any]]], epochs: int) -> None:
+    """Raise :class:`Wrong` unless every checkpoint the trial reported holds the model's weights of its epoch
+    (so that a restart on another machine can restore them from the checkpoint alone)."""
+    import torch
+
+    weights = _local_weights(epochs)
+    for checkpoint, metrics in sorted(checkpoints, key=lambda c: c[1].get("training_iteration", 0)):
+        epoch = int(metrics.get("training_iteration", 0))
+        if not 1 <= epoch <= epochs:
+            continue
+        with checkpoint.as_directory() as folder:
+            got = _tensors_in(folder)
+        missing = [
+            tuple(w.shape)
+            for w in weights[epoch - 1]
+            if not any(t.shape == w.shape and torch.allclose(t.double(), w.double(), atol=1e-6) for t in got)
+        ]
+        if missing:
+            raise Wrong(
+                f"the checkpoint reported with epoch {epoch} does not hold the model's weights after that "
+                f"epoch (no tensor in its folder equals the weights of shapes {missing[:3]}): on another "
+                "machine a restarted trial can restore only what tune.get_checkpoint() hands back, "
+                "so save the run's state into the folder you pass to tune.Checkpoint.from_directory."
+            )
 
 
 def _fingerprint(model: Any) -> float:
@@ -171,11 +271,24 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             ),
         ).fit()[0]
         crashed, error, df = os.path.exists(marker), result.error, result.metrics_dataframe
-        checkpoint, trained = result.checkpoint, _trained_after_restart(marker)
-    epochs = _CONFIG["max_epochs"]
+        checkpoint, trained, deleted = result.checkpoint, _trained_after_restart(marker), _deleted(marker)
+        epochs = _CONFIG["max_epochs"]
+        problem = None
+        if error is None and checkpoint is not None:  # read the checkpoints while the storage exists
+            try:
+                _check_checkpoints_hold_the_model(result.best_checkpoints, epochs)
+            except Wrong as wrong:
+                problem = str(wrong)
+    lost = (
+        f" Before the restart the grader deleted the files your trainable had saved outside its checkpoints "
+        f"({', '.join(deleted[:3])}), as a lost machine would: restore from what tune.get_checkpoint() "
+        "hands back."
+        if deleted
+        else ""
+    )
     if error is not None:
         last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise Wrong(f"the trial failed inside Ray{' after its restart' if crashed else ''}: {last}")
+        raise Wrong(f"the trial failed inside Ray{' after its restart' if crashed else ''}: {last}.{lost}")
     if not crashed:
         raise Wrong(f"your trainable never started epoch {_CRASH_BEFORE} of {epochs}: the crash never came.")
     if df is None or not {"loss", "accuracy"} <= set(df.columns):
@@ -186,6 +299,8 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             f"the trial reported no checkpoint, so when it crashed before epoch {_CRASH_BEFORE}, Tune could "
             "only start it again from scratch."
         )
+    if problem is not None:
+        raise Wrong(problem + lost)
     hyper = {k: _CONFIG[k] for k in ("l1", "l2", "lr", "batch_size")}
     expected = train_locally(hyper, epochs, seed=_CONFIG["seed"])
     # Rows are matched by Tune's training_iteration, which a restored trial continues from its checkpoint.
@@ -198,7 +313,7 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             raise Wrong(
                 f"the trial crashed before epoch {_CRASH_BEFORE} and was restarted; over Tune's iterations "
                 f"{iterations} it reported {column} {[round(v, 4) for v in got]}, but one uninterrupted run "
-                f"of {epochs} epochs gives {[round(m[column], 4) for m in expected]}."
+                f"of {epochs} epochs gives {[round(m[column], 4) for m in expected]}.{lost}"
             )
     _check_resumed(trained, epochs)
     return (
