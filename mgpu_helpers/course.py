@@ -340,7 +340,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "05d_parallelism_planner.ipynb",
         "Planning a parallel layout",
         "memory and communication per step of DP, ZeRO-1/2/3, TP, PP and their combinations, from the "
-        "Playbook's formulas; the planner's state estimate checked against real sharded runs",
+        "Playbook's formulas, the bytes a GPU sends per step; optional: the state estimate against real runs",
         "planner + checks on 2 gloo processes",
         "same",
         "same; GPU memory read from the device",
