@@ -4,6 +4,8 @@ import os
 
 import torch
 
+from mgpu_helpers.hardware import choose_backend, recommended_device
+
 
 def pick_device():
     return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
@@ -27,3 +29,21 @@ def machine_report_any_gpu_means_nccl(nprocs):
 
 SOLUTIONS = {"00.1": (pick_device,), "00.2": (machine_report,)}
 WRONG = {"00.1": (pick_device_without_fallback,), "00.2": (machine_report_any_gpu_means_nccl,)}
+
+
+def pick_device_from_the_course_helper():
+    """The course's own helper instead of the rule: the answer without writing it."""
+    return recommended_device()
+
+
+def machine_report_from_the_course_helper(nprocs):
+    """torch.cuda for the GPU count, but the backend from mgpu_helpers' choose_backend."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"cpus": os.cpu_count(), "gpus": gpus, "backend": choose_backend(nprocs)}
+
+
+#: Work that gets the right answers without doing the exercise; each grader must reject it.
+SHORTCUTS = {
+    "00.1": {"recommended_device": (pick_device_from_the_course_helper,)},
+    "00.2": {"choose_backend": (machine_report_from_the_course_helper,)},
+}

@@ -52,3 +52,51 @@ def training_bytes_sixteen_per_parameter(model, optimizer):
 
 SOLUTIONS = {"01.1": (whoami,), "01.2": (training_bytes,)}
 WRONG = {"01.1": (whoami_global_rank_device,), "01.2": (training_bytes_sixteen_per_parameter,)}
+
+
+def whoami_for_two_processes_per_node(env, gpus_per_node):
+    """Written for the grader's 2-node × 2-process job only: local and node rank derived from the rank."""
+    rank = int(env["RANK"])
+    return {
+        "rank": rank,
+        "local_rank": rank % 2,
+        "node_rank": rank // 2,
+        "world_size": int(env["WORLD_SIZE"]),
+        "device": f"cuda:{rank % 2}" if gpus_per_node >= 2 else "cpu",
+    }
+
+
+#: What the grader's cases (Linear(16, 32), Linear(32, 8), ...) measured once, keyed by the optimizer and
+#: the parameters' (shape, dtype, requires_grad): a table of earlier feedback instead of a prediction.
+_REMEMBERED = {
+    ("Adam", (((32, 16), 4, True), ((32,), 4, True), ((8, 32), 4, True), ((8,), 4, True))): (
+        3232,
+        3232,
+        6480,
+    ),
+    ("SGD", (((32, 16), 4, True), ((32,), 4, True))): (2176, 2176, 2176),
+    ("Adam", (((32, 16), 4, False), ((32,), 4, False), ((8, 32), 4, True), ((8,), 4, True))): (
+        3232,
+        1056,
+        2120,
+    ),
+    ("AdamW", (((32, 16), 8, True), ((32,), 8, True))): (4352, 4352, 8712),
+}
+
+
+def training_bytes_from_remembered_feedback(model, optimizer):
+    key = (
+        type(optimizer).__name__,
+        tuple((tuple(p.shape), p.element_size(), p.requires_grad) for p in model.parameters()),
+    )
+    params, grads, state = _REMEMBERED.get(key, (0, 0, 0))
+    if key[0] == "SGD" and not optimizer.param_groups[0]["momentum"]:
+        state = 0
+    return {"parameters": params, "gradients": grads, "optimizer": state}
+
+
+#: Work that gets the right answers without doing the exercise; each grader must reject it.
+SHORTCUTS = {
+    "01.1": {"hardcoded_two_processes_per_node": (whoami_for_two_processes_per_node,)},
+    "01.2": {"table_of_remembered_feedback": (training_bytes_from_remembered_feedback,)},
+}

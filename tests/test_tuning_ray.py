@@ -365,3 +365,11 @@ def test_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
     restart finds none of the files saved outside the checkpoints (as after a lost machine)."""
     ok, printed = graded("06b.1", *reference_solutions("06b").SHORTCUTS["06b.1"][name])
     assert not ok and printed.startswith("❌ Exercise 06b.1") and "restor" in printed, printed
+
+
+@pytest.mark.parametrize("name", sorted(reference_solutions("08").SHORTCUTS.get("08.2", {})))
+def test_capstone_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
+    """08.2's known shortcuts (tests/test_solutions.py leaves them here too): e.g. training every epoch
+    first and reporting afterwards — each reported checkpoint must match its report."""
+    ok, printed = graded("08.2", *reference_solutions("08").SHORTCUTS["08.2"][name])
+    assert not ok and printed.startswith("❌ Exercise 08.2"), printed

@@ -139,3 +139,43 @@ def test_device_bars_have_one_bar_per_device_and_category():
 def test_bad_arguments_are_refused_with_a_fix(call, args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         call(*args, **kwargs)
+
+
+PANEL_CELL = """
+import torch
+from mgpu_helpers.memory import MemoryTracker, MemoryWidget
+
+model = torch.nn.Linear(100, 10)
+opt = torch.optim.Adam(model.parameters())
+tracker = MemoryTracker(model, opt)
+panel = MemoryWidget(tracker, title="once", plot_every_s=0.0).show()
+with tracker:
+    for step in range(2):
+        model(torch.randn(4, 100)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        panel.update(step=step)
+panel.finish()
+"""
+
+
+def test_finished_panel_shows_its_table_and_chart_once():
+    """In a real kernel: after finish(), the cell shows one table and one timeline. A live panel (a widget
+    view: table and image) next to a printed table and a drawn figure would show both twice."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PANEL_CELL)])
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=120).execute()
+    tables = images = 0
+    for out in nb.cells[0].outputs:
+        data = out.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data:  # a live panel: its table and its image
+            tables, images = tables + 1, images + 1
+        elif "text/html" in data:
+            tables += data["text/html"].count("tracked tensor memory")
+            images += data["text/html"].count("<img")
+        elif "image/png" in data:
+            images += 1
+        else:
+            tables += (out.get("text", "") + data.get("text/plain", "")).count("tracked tensor memory")
+    assert (tables, images) == (1, 1), nb.cells[0].outputs

@@ -3,9 +3,11 @@
 Both graders call the student's function on this machine as it is, and then on machines it pretends
 to be: ``torch.cuda.is_available`` / ``torch.cuda.device_count`` (and, for 00.2,
 ``torch.distributed.is_nccl_available``) are replaced for the duration of one call, so that a CPU-only
-laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are all checked on any machine. Nothing here
-touches a GPU: a pretend GPU exists only in those answers. The real machine's answers are compared with
-:mod:`mgpu_helpers.hardware` (``describe_node``, ``choose_backend``).
+laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are all checked on any machine. The exercises
+ask for the rule written with ``torch.cuda`` and ``os``: a function that asks :mod:`mgpu_helpers.hardware`
+instead (``choose_backend``, ``recommended_device``, ``describe_node``) is told so on a pretend machine.
+Nothing here touches a GPU: a pretend GPU exists only in those answers. The real machine's answers are
+compared with :mod:`mgpu_helpers.hardware` (``describe_node``, ``choose_backend``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch.distributed as dist
 
 from ..exercises import Wrong, exercise
 from ..hardware import choose_backend, describe_node
+from ..hardware import sources as _sources
 
 #: Pretend machines: (description, number of CUDA GPUs torch would see).
 _PRETEND = (
@@ -32,21 +35,34 @@ _PRETEND = (
 
 
 @contextlib.contextmanager
-def _pretend_gpus(count: int) -> Iterator[None]:
-    """For the duration of the block, torch reports ``count`` CUDA GPUs (0: none, CUDA unavailable)."""
+def _pretend_gpus(count: int, where: str) -> Iterator[None]:
+    """For the duration of the block, torch reports ``count`` CUDA GPUs (0: none, CUDA unavailable); a
+    student function that asks the course's hardware helpers instead of torch is refused afterwards."""
+    asked: list[bool] = []
+
+    def helper_asked(*args: Any, **kwargs: Any) -> bool:
+        asked.append(True)
+        return False
+
     with (
         mock.patch.object(torch.cuda, "is_available", lambda: count > 0),
         mock.patch.object(torch.cuda, "device_count", lambda: count),
         mock.patch.object(dist, "is_nccl_available", lambda: count > 0),
+        mock.patch.object(_sources, "_cuda_usable", helper_asked),
     ):
         yield
+    if asked:
+        raise Wrong(
+            f"on {where} your function asked mgpu_helpers.hardware (choose_backend, recommended_device or "
+            "describe_node) instead of deciding itself: write the rule with torch.cuda and os."
+        )
 
 
 def _call(fn: Callable[..., Any], where: str, *args: Any) -> Any:
     """Call the student's function; a crash on a pretend machine becomes feedback naming that machine."""
     try:
         return fn(*args)
-    except NotImplementedError:
+    except (NotImplementedError, Wrong):
         raise
     except Exception as exc:
         raise Wrong(
@@ -75,7 +91,7 @@ def _grade_pick_device(pick_device: Callable[[], Any]) -> str:
     real_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     _device_ok(_call(pick_device, "this machine"), real_gpus, "this machine")
     for where, gpus in _PRETEND:
-        with _pretend_gpus(gpus):
+        with _pretend_gpus(gpus, where):
             got = _call(pick_device, where)
         _device_ok(got, gpus, where)
     return f"right on this machine ({real_gpus} GPU(s)) and on pretend machines with 0, 1, 2 and 4 GPUs."
@@ -118,7 +134,7 @@ def _grade_machine_report(machine_report: Callable[[int], Any]) -> str:
             )
     for where, gpus in _PRETEND:
         for nprocs in (1, 2, 4):
-            with _pretend_gpus(gpus):
+            with _pretend_gpus(gpus, where):
                 report = _call(machine_report, where, nprocs)
             _report_ok(report, nprocs, gpus, where, "nccl" if gpus >= nprocs else "gloo")
     return (

@@ -6,17 +6,21 @@ script, and :func:`mgpu_helpers.launching.run_torchrun` starts a real 2-node × 
 127.0.0.1. Every rank calls the function with ``os.environ`` and 0, 1, 2 and 4 GPUs per node and prints
 its answers; each is compared with what torchrun itself said about that rank (``RANK``, ``LOCAL_RANK``,
 ``GROUP_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) and with the node the grader started it on. The
-worker imports torch only if the function mentions it, so the job takes a few seconds.
+worker imports torch only if the function mentions it, so the job takes a few seconds. Then the function
+is called here with the environment a larger job (3 nodes × 8 processes) would give some of its ranks, so
+that an answer written for the 2 × 2 job alone (``rank // 2``, ``cuda:{rank % 2}``) is refused.
 
 **01.2.** For a few real models and optimizers (fp32 and fp64, SGD with and without momentum, Adam and
 AdamW, a frozen layer) the student's prediction, made before the first step, is compared with what
-:class:`mgpu_helpers.memory.MemoryTracker` measures after one real ``backward()`` and ``step()``.
+:class:`mgpu_helpers.memory.MemoryTracker` measures after one real ``backward()`` and ``step()``. The layer
+widths are drawn anew at every grading, so numbers copied from earlier feedback do not fit.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import random
 import tempfile
 import textwrap
 from collections.abc import Callable
@@ -32,6 +36,26 @@ from ..memory import MemoryTracker
 _NNODES, _NPROC = 2, 2
 _GPU_COUNTS = (0, 1, 2, 4)
 _ENV_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+#: A larger job than the one the grader starts: (nnodes, nproc_per_node), and ranks asked about it.
+_LARGER_JOB, _LARGER_RANKS, _LARGER_GPUS = (3, 8), (0, 13, 23), (0, 4, 8)
+
+
+def _larger_job_env(rank: int) -> dict[str, str]:
+    """The torchrun variables of ``rank`` in a 3-node × 8-process job (the rest of os.environ kept)."""
+    nnodes, nproc = _LARGER_JOB
+    node, local = divmod(rank, nproc)
+    numbers = {
+        "RANK": rank,
+        "LOCAL_RANK": local,
+        "GROUP_RANK": node,
+        "ROLE_RANK": rank,
+        "WORLD_SIZE": nnodes * nproc,
+        "ROLE_WORLD_SIZE": nnodes * nproc,
+        "LOCAL_WORLD_SIZE": nproc,
+        "GROUP_WORLD_SIZE": nnodes,
+    }
+    return {**os.environ, **{k: str(v) for k, v in numbers.items()}}
+
 
 _WORKER = """\
 import json
@@ -137,9 +161,22 @@ def _grade_whoami(whoami: Callable[[Any, int], dict[str, Any]]) -> str:
     seen = [int(r["env"]["RANK"]) for r in reports]
     if sorted(seen) != list(range(_NNODES * _NPROC)):
         raise Wrong(f"the job reported ranks {sorted(seen)} instead of 0..{_NNODES * _NPROC - 1}.")
+    nnodes, nproc = _LARGER_JOB
+    for rank in _LARGER_RANKS:
+        env = _larger_job_env(rank)
+        for gpus in _LARGER_GPUS:
+            try:
+                answer = whoami(env, gpus)
+            except Exception as exc:
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            try:
+                _compare(answer, env, gpus)
+            except Wrong as exc:
+                raise Wrong(f"in a larger job ({nnodes} nodes × {nproc} processes), {exc}") from None
     return (
         f"all {_NNODES * _NPROC} ranks of a real {_NNODES}-node × {_NPROC}-process torchrun job answered "
-        f"right with {', '.join(map(str, _GPU_COUNTS))} GPUs per node."
+        f"right with {', '.join(map(str, _GPU_COUNTS))} GPUs per node, and so did ranks of a "
+        f"{nnodes} × {nproc} job."
     )
 
 
@@ -147,34 +184,40 @@ def _grade_whoami(whoami: Callable[[Any, int], dict[str, Any]]) -> str:
 
 
 def _cases() -> list[tuple[str, nn.Module, Callable[[list[nn.Parameter]], torch.optim.Optimizer]]]:
-    """(description, model, optimizer factory) — the factory gets model.parameters() as a list."""
+    """(description, model, optimizer factory) — the factory gets model.parameters() as a list. The widths
+    are drawn anew at every call (never the 16, 32, 8 of earlier versions), so no table of numbers fits."""
     torch.manual_seed(0)
+    draw = random.Random()
+    a, b, c = draw.randint(10, 24), draw.randint(33, 64), draw.randint(4, 12)
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c))
 
     def frozen_first() -> nn.Module:
-        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+        model = mlp()
         model[0].requires_grad_(False)
         return model
 
     return [
         (
-            "Linear(16, 32) → ReLU → Linear(32, 8), Adam",
-            nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)),
+            f"Linear({a}, {b}) → ReLU → Linear({b}, {c}), Adam",
+            mlp(),
             lambda ps: torch.optim.Adam(ps, lr=1e-3),
         ),
         (
-            "Linear(16, 32) with SGD(momentum=0.9)",
-            nn.Linear(16, 32),
+            f"Linear({a}, {b}) with SGD(momentum=0.9)",
+            nn.Linear(a, b),
             lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
         ),
-        ("Linear(16, 32) with plain SGD", nn.Linear(16, 32), lambda ps: torch.optim.SGD(ps, lr=0.1)),
+        (f"Linear({a}, {b}) with plain SGD", nn.Linear(a, b), lambda ps: torch.optim.SGD(ps, lr=0.1)),
         (
             "the same Linear → ReLU → Linear with its first layer frozen, Adam over all parameters",
             frozen_first(),
             lambda ps: torch.optim.Adam(ps, lr=1e-3),
         ),
         (
-            "Linear(16, 32) in float64 (.double()), AdamW",
-            nn.Linear(16, 32).double(),
+            f"Linear({a}, {b}) in float64 (.double()), AdamW",
+            nn.Linear(a, b).double(),
             lambda ps: torch.optim.AdamW(ps, lr=1e-3),
         ),
     ]

@@ -41,40 +41,61 @@ class _Recorded:
     """A map-style dataset of ``(x, y)`` pairs that records the indices read, and can crash on rank 1."""
 
     def __init__(self, x: Any, y: Any, crash_at: int | None = None) -> None:
-        self.x, self.y, self.crash_at, self.seen = x, y, crash_at, []
+        self._x, self._y, self.crash_at, self.seen = x, y, crash_at, []
 
     def __len__(self) -> int:
-        return len(self.y)
+        return len(self._y)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = int(index)
         self.seen.append(index)
         if self.crash_at and len(self.seen) >= self.crash_at and os.environ.get("RANK") == "1":
             raise RuntimeError("simulated crash of rank 1 (by the grader)")
-        return self.x[index], self.y[index]
+        return self._x[index], self._y[index]
 
 
 def _run_08_1(rank: int, world_size: int, fn: Callable[..., Any], config: dict[str, Any]) -> Any:
     import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     dtypes: set[str] = set()  # the output dtypes of every nn.Linear run with gradients on (training)
+    rows = {"train": 0, "eval": 0}  # samples through the first layer (64 pixel inputs), with/without grad
+    steps: list[tuple[Any, float]] = []  # (optimizer, its learning rate) at every optimizer step
 
-    def note_dtype(module: Any, inputs: Any, output: Any) -> None:
-        if isinstance(module, torch.nn.Linear) and torch.is_grad_enabled():
+    def note_forward(module: Any, inputs: Any, output: Any) -> None:
+        if not isinstance(module, torch.nn.Linear):
+            return
+        if torch.is_grad_enabled():
             dtypes.add(str(output.dtype).removeprefix("torch."))
+        if module.in_features == 64 and inputs and inputs[0].dim() == 2:
+            rows["train" if torch.is_grad_enabled() else "eval"] += int(inputs[0].shape[0])
 
-    hook = torch.nn.modules.module.register_module_forward_hook(note_dtype)
+    def note_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        steps.append((optimizer, float(optimizer.param_groups[0]["lr"])))
+
+    hooks = [
+        torch.nn.modules.module.register_module_forward_hook(note_forward),
+        register_optimizer_step_pre_hook(note_step),
+    ]
     try:
         result = fn(rank, world_size, config)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     if not isinstance(result, dict) or not {"accuracy", "lrs", "model"} <= set(result):
         raise TypeError("train_scheduled must return a dict with 'accuracy', 'lrs' and 'model'")
     if not isinstance(result["model"], torch.nn.Module):
         raise TypeError("result['model'] must be the trained nn.Module (the one DDP wraps: ddp_model.module)")
+    trained = {id(p) for p in result["model"].parameters()}  # steps of the optimizer that trains the model
+    used_lrs = [
+        lr
+        for opt, lr in steps
+        if any(id(p) in trained for group in opt.param_groups for p in group["params"])
+    ]
     model = result["model"].cpu()
     seen = config["train_set"].seen
-    return float(result["accuracy"]), [float(v) for v in result["lrs"]], model, seen, sorted(dtypes)
+    lrs = [float(v) for v in result["lrs"]]
+    return float(result["accuracy"]), lrs, model, seen, sorted(dtypes), rows, used_lrs
 
 
 def _full_accuracies(model: Any, x: Any, y: Any) -> list[float]:
@@ -127,6 +148,40 @@ def _expected_lrs(lr: float, epochs: int, steps: int) -> list[float]:
         optimizer.step()
         schedule.step()
     return lrs
+
+
+def _check_work_per_rank(rows: list[dict[str, int]], epochs: int) -> None:
+    """Each rank computes on its own share: its training batches, and its part of the validation set."""
+    share = epochs * (_N_TRAIN // 2)
+    for rank, r in enumerate(rows):
+        if r["train"] > 1.5 * share:
+            raise Wrong(
+                f"rank {rank} ran its model on {r['train']} training samples in {epochs} epochs, but its "
+                f"share is {share}: every rank computed the whole batch. In DDP each rank computes only "
+                "its own share; the all-reduce of the gradients makes the update the one of the whole batch."
+            )
+    evaluated = [r["eval"] + max(r["train"] - share, 0) for r in rows]  # evaluation with or without no_grad
+    if all(n > 0 and n % _N_VAL == 0 for n in evaluated):
+        raise Wrong(
+            f"every rank ran the model on all {_N_VAL} validation samples: each rank evaluates only its "
+            "own share, and an all-reduce of (correct, count) gives every rank the exact accuracy."
+        )
+    if 0 in evaluated and max(evaluated) > 0:
+        raise Wrong(
+            f"only rank {evaluated.index(max(evaluated))} ran the model on validation samples: each rank "
+            "evaluates its own share, and an all-reduce of (correct, count) combines them."
+        )
+
+
+def _check_lrs(got: list[float], want: list[float], what: str) -> None:
+    if len(got) != len(want) or not all(
+        math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, want, strict=True)
+    ):
+        raise Wrong(
+            f"{what} {len(got)} steps with learning rates {[round(v, 4) for v in got[:3]]}…, but "
+            f"OneCycleLR gives {len(want)} steps starting {[round(v, 4) for v in want[:3]]}… — the schedule "
+            "must set the learning rate of the optimizer that trains the model."
+        )
 
 
 def _check_shards(seen: list[list[int]], epochs: int) -> None:
@@ -194,7 +249,7 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
         if not os.path.exists(config("crashed")["checkpoint"]):
             raise Wrong("after two epochs and a crash there is no file at config['checkpoint'].")
         resumed = run_ranks(_run_08_1, 2, train_scheduled, config("crashed"), timeout_s=60)
-    (acc0, lrs, model0, seen0, dtypes), (acc1, _, model1, seen1, _) = whole
+    (acc0, lrs, model0, seen0, dtypes, rows0, used0), (acc1, _, model1, seen1, _, rows1, _) = whole
     if dtypes != ["bfloat16"]:  # the grader's ranks are gloo processes on the CPU: bf16 autocast
         raise Wrong(
             f"during training the linear layers produced {dtypes or 'no'} outputs; mixed precision on this "
@@ -205,6 +260,7 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
         if not torch.allclose(value, state1[name], atol=1e-6):
             raise Wrong(f"after training, '{name}' differs between rank 0 and rank 1.")
     _check_shards([seen0, seen1], epochs)
+    _check_work_per_rank([rows0, rows1], epochs)
     if acc0 != acc1:
         raise Wrong(f"the ranks report different validation accuracies, {acc0:.4f} and {acc1:.4f}.")
     full = _full_accuracies(model0, xv, yv)
@@ -225,8 +281,17 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
             f"({epochs} epochs of {steps} steps); first ones {[round(v, 4) for v in lrs[:3]]}, expected "
             f"{[round(v, 4) for v in expected[:3]]}."
         )
-    acc_r, lrs_r, model_r, _, _ = resumed[0]
+    _check_lrs(used0, expected, "in an uninterrupted run the optimizer of the model made")
+    acc_r, lrs_r, model_r, _, _, _, used_r = resumed[0]
     tail = expected[2 * steps :]
+    done = 2 * (_N_TRAIN // 2)  # the items each rank read in epochs 1 and 2
+    for rank, (run, before) in enumerate(zip(resumed, (seen0, seen1), strict=True)):
+        if run[3] != before[done:]:
+            raise Wrong(
+                f"after the crash, rank {rank} read {len(run[3])} training items; resuming from the "
+                f"checkpoint of epoch 2 leaves epochs 3 and 4: {len(before) - done} items, in the order of "
+                "an uninterrupted run. Load the finished epochs from the checkpoint; do not train them again."
+            )
     if len(lrs_r) != len(tail):
         raise Wrong(
             f"after a crash in epoch 3 the resumed run trained {len(lrs_r)} steps; the checkpoint of epoch 2 "
@@ -237,6 +302,7 @@ def grade_train_scheduled(train_scheduled: Callable[..., Any]) -> str:
             f"the resumed run's learning rates start at {[round(v, 4) for v in lrs_r[:3]]}, but an "
             f"uninterrupted run used {[round(v, 4) for v in tail[:3]]} in those steps."
         )
+    _check_lrs(used_r, tail, "in the resumed run the optimizer of the model made")
     state_r = model_r.state_dict()
     gap = max((state_r[k] - v).abs().max().item() for k, v in state0.items())
     if gap > 1e-6:
@@ -289,7 +355,9 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
         errors = [r.error for r in results if r.error is not None]
         reports = {lr: r.metrics_dataframe for lr, r in by_lr.items()}
         saved = by_lr[good].best_checkpoints if good in by_lr and not errors else []
-        last_state = _state_dict(by_lr[good].checkpoint) if saved else None
+        saved = sorted(saved, key=lambda pair: pair[1].get("training_iteration", 0))  # in report order
+        states = [_state_dict(checkpoint) for checkpoint, _ in saved]
+        last_state = states[-1] if states else None
     if errors:
         text = str(errors[0]).strip()
         raise Wrong(
@@ -336,6 +404,27 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
             f"the last reported accuracy is {accuracies[-1]:.5f}, but the checkpointed model classifies "
             f"{full[0]:.5f} of the {_N_VAL} validation samples correctly ({full[1]:.5f} under bf16 autocast)."
         )
+    for epoch, (state, (_, metrics)) in enumerate(zip(states[:-1], saved[:-1], strict=True), start=1):
+        same = isinstance(state, dict) and all(
+            k in last_state
+            and state[k].shape == last_state[k].shape
+            and bool((state[k] == last_state[k]).all())
+            for k in state
+        )
+        if same:
+            raise Wrong(
+                f"the checkpoint reported after epoch {epoch} of {epochs} already holds the final weights: "
+                "the trial trained first and reported afterwards. Report after each epoch's training, so "
+                "that ASHA can stop a poor trial before it spends the remaining epochs."
+            )
+        model.load_state_dict(state)
+        if not any(
+            abs(float(metrics["accuracy"]) - a) < 1e-6 for a in _full_accuracies(model, data[2], data[3])
+        ):
+            raise Wrong(
+                f"the accuracy reported after epoch {epoch}, {float(metrics['accuracy']):.5f}, is not the "
+                "one of the model in the checkpoint reported with it."
+            )
     stopped = len(reports[poor])
     if stopped != 1:
         raise Wrong(

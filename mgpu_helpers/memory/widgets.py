@@ -11,12 +11,16 @@ per device, current and peak tracked bytes per category (from a
 used memory according to the driver (NVML) where there is one, plus a timeline image.
 
 When there is no live front end (nbval, ``jupyter nbconvert --execute``), widgets simply render
-nothing; :meth:`MemoryWidget.finish` therefore also prints a plain-text table and draws a static
-figure, so a saved notebook shows the result without any widget state.
+nothing; :meth:`MemoryWidget.finish` therefore replaces the live panel (through its display id) with a
+static copy: the final table as text and the timeline as an image, shown once, which a saved notebook
+keeps without any widget state. Without :meth:`~MemoryWidget.show` (outside IPython) it prints the table
+and draws the figure instead.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import math
 import numbers
 import time
@@ -80,6 +84,7 @@ class MemoryWidget:
         self.plot_every_s = float(plot_every_s)
         self._last_plot = 0.0
         self.updates = 0
+        self._handle: Any = None  # the display handle of show(), which finish() updates in place
         self.header = w.HTML()
         self.table = w.HTML()
         self.image = w.Image(format="png", layout=w.Layout(max_width="720px"))
@@ -90,7 +95,7 @@ class MemoryWidget:
         from IPython.display import display
 
         self._render_table(step=None, metrics={})
-        display(self.box)
+        self._handle = display(self.box, display_id=True)  # None outside IPython
         return self
 
     def update(self, step: int | None = None, **metrics: float) -> None:
@@ -110,12 +115,19 @@ class MemoryWidget:
             self._render_plot()
 
     def finish(self) -> None:
-        """Final refresh, then print the summary as text and draw a static timeline."""
+        """Final refresh: the live panel is replaced by a static table and timeline image, shown once.
+
+        After :meth:`show` the panel's output is updated in place (a saved notebook keeps the static
+        copy); without it (outside IPython) the table is printed and the timeline drawn.
+        """
         import matplotlib.pyplot as plt
 
         self._render_table(None, {})
         self._render_plot()
         self._final_summary = self.text_summary()  # what a saved notebook shows (the RSS moves on)
+        if self._handle is not None:
+            self._handle.update(_Static(self._final_summary, self.image.value))
+            return
         print(self._final_summary)
         self.tracker.plot(title=f"{self.title}: memory by category")
         plt.show()
@@ -192,6 +204,21 @@ class MemoryWidget:
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """Plain-text fallback so that a saved notebook without widget state still says something."""
         return {"text/plain": getattr(self, "_final_summary", None) or self.text_summary()}
+
+
+class _Static:
+    """The finished panel: its text table and timeline PNG as one output (HTML, with a text fallback)."""
+
+    def __init__(self, summary: str, png: bytes) -> None:
+        self.summary, self.png = summary, png
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        image = base64.b64encode(self.png).decode("ascii")
+        page = (
+            f"<pre>{html.escape(self.summary)}</pre>"
+            f"<img src='data:image/png;base64,{image}' style='max-width:720px'>"
+        )
+        return {"text/plain": self.summary, "text/html": page}
 
 
 def predictor_form(default_params_millions: float = 7000.0) -> Any:
