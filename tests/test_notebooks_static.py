@@ -83,7 +83,7 @@ def test_going_deeper_is_optional_and_last(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_a_unit_of_30_to_45_minutes_with_the_lesson_in_cells(path):
+def test_the_required_path_is_about_an_hour_with_the_lesson_in_cells(path):
     cells = _load(path)["cells"]
     required = required_path(cells)  # "Going deeper" is optional and not counted
     prose = [_src(c) for c in required if c["cell_type"] == "markdown"]  # code shown in prose is read too
