@@ -12,7 +12,7 @@ def shard(model, mesh, half):
     last = len(model.blocks) - 1
     fully_shard(model.embed, mesh=mesh, mp_policy=policy)  # its backward comes last: free it meanwhile
     for i, block in enumerate(model.blocks):  # one FSDP unit per block: each is all-gathered on its own
-        # backward starts with the last block: freeing it after its forward would only re-gather it
+        # FSDP2 all-gathers the last block as head's backward begins: freeing it would only re-gather it
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
     fully_shard(model.head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward's first
     fully_shard(model, mesh=mesh, mp_policy=policy)  # the root last: it holds nothing of its own here
@@ -24,6 +24,18 @@ def shard_every_unit_alike(model, mesh, half):
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
     for unit in [model.embed, *model.blocks, model.head, model]:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def _shard_head_only_kept(model, mesh, half):
+    """Rejected: only head kept gathered; the last block is freed and all-gathered again (prefetched) as
+    soon as head's backward begins: one more all-gather in backward for nothing."""
+    policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+    fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model.head, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -191,6 +203,7 @@ SHORTCUTS = {
         "root_only": (_shard_root_only,),
         "hard_coded_last_block_index": (_shard_hard_coded_last_block,),
         "gradients_reduced_in_bf16": (_shard_reduce_in_half,),
+        "head_only_kept_gathered": (_shard_head_only_kept,),
     },
     "05c.2": {
         "all_reduce_a_zero_filled_full_tensor": (_gather_by_all_reduce, scatter_grad),

@@ -5,10 +5,12 @@ padded shards, checked against FSDP2 itself (05c.2).
 05c.1 calls the student's ``shard(model, mesh, half)`` on 2 real gloo processes and checks what FSDP2
 then does: the root, ``embed``, every block and ``head`` are FSDP units, every parameter is a ``DTensor``
 sharded on dim 0, each linear layer computes in ``half`` (a forward pre-hook reads the weight's and the
-input's dtype), after the forward exactly the units whose backward comes first (``head`` and the last
-block) still hold full weights (the others are ``DTensor`` shards again), so the backward all-gathers
-``embed`` and every block but the last again, the all-gathers are in ``half`` and the gradients are
-reduce-scattered in fp32 (:class:`~mgpu_helpers.collectives.CollectiveSpy`, the spy of notebook 01c),
+input's dtype), after the forward exactly the units backward needs at once still hold full weights:
+``head``, whose backward runs first, and the last block, which FSDP2 all-gathers (prefetches) as the
+head's backward begins, so freeing it would only re-gather it at once (head only: one more all-gather in
+backward, counted). The others are ``DTensor`` shards again, so the backward all-gathers ``embed`` and
+every block but the last, the all-gathers are in ``half`` and the gradients are reduce-scattered in fp32
+(:class:`~mgpu_helpers.collectives.CollectiveSpy`, the package's version of notebook 01c's spy),
 and the full gradients equal a single-process fp32 run on the whole batch within bf16's rounding (5 %).
 The model has 4 blocks (the notebook does not say how many), so "the last block" must be found, not
 hard-coded.
@@ -151,7 +153,8 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
     hint="fully_shard embed, each block and head first (each its own all-gather), the root last; every "
     "call takes the mesh and a MixedPrecisionPolicy (which dtype computes, which reduces the gradients); "
     "per unit, reshard_after_forward decides whether it is gathered again in backward: ask, for each "
-    "unit, how soon after the forward its backward runs.",
+    "unit, whether backward needs its weights at once: its backward runs first, or FSDP2 all-gathers it "
+    "as the first backward begins.",
 )
 def grade_shard(shard: Callable[..., Any]) -> str:
     """Run ``shard(model, mesh, torch.bfloat16)`` on 2 gloo ranks and check what FSDP2 then does."""
@@ -183,13 +186,20 @@ def grade_shard(shard: Callable[..., Any]) -> str:
     if report["reduce_dtypes"] != ["torch.float32"]:
         raise Wrong(f"the gradients were reduce-scattered in {', '.join(report['reduce_dtypes'])}, not fp32.")
     blocks = len(_model().blocks)
-    first = ["head", f"blocks.{blocks - 1}"]  # the units the backward runs first
+    # backward needs these at once: head's backward runs first, and FSDP2 prefetches (all-gathers) the
+    # last block as the head's backward begins
+    first = ["head", f"blocks.{blocks - 1}"]
     kept = report["kept"]
     if sorted(kept) != sorted(first):
         late = [name for name in kept if name not in first]
-        freed = [name for name in first if name not in kept]
         problems = [f"{', '.join(late)} stay gathered until their backward, which comes late"] if late else []
-        problems += [f"{', '.join(freed)} are freed though backward starts with them"] if freed else []
+        if "head" not in kept:
+            problems.append("head is freed though its backward runs first")
+        if first[1] not in kept:
+            problems.append(
+                f"{first[1]} is freed though FSDP2 all-gathers it again as soon as head's backward begins "
+                "(it prefetches the next unit in backward order)"
+            )
         raise Wrong(
             f"after the forward, the units holding full weights are {kept or 'none'}: "
             f"{'; '.join(problems)} (the backward ran {report['regathers']} all-gathers)."
