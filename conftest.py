@@ -2,7 +2,6 @@
 process and every notebook kernel run in the state a GPU machine creates (autograd owns a thread, so a
 forked child's backward fails: tests/_gpu_conditions.py)."""
 
-import re
 import runpy
 import tempfile
 import time
@@ -23,7 +22,6 @@ def pytest_configure(config):
     torch.set_num_threads(1)
     runpy.run_path(str(GPU_CONDITIONS))["start_autograd_thread"]()
     _retry_kernel_start_up()
-    config.pluginmanager.register(_XdistGroups(), "mgpu-xdist-groups")
     if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order pytest_collection_modifyitems sets
         config.option.loadscopereorder = False  # (also over an explicit --loadscope-reorder)
 
@@ -150,6 +148,7 @@ def no_leftover_children():
 _LONG_FILES = (
     "tests/test_tuning_ray.py",
     "tests/test_solutions.py",
+    "tests/test_shortcuts.py",
     "tests/test_launcher.py",
     "tests/test_launch.py",
     "tests/test_wheel_install.py",
@@ -172,27 +171,6 @@ _LONG_FILES = (
 def _rank(item: pytest.Item) -> int:
     path = item.nodeid.split("::")[0]
     return _LONG_FILES.index(path) if path in _LONG_FILES else len(_LONG_FILES)
-
-
-#: Files whose tests are spread over the xdist workers by notebook (``--dist loadgroup``), not run as one
-#: block: each notebook's exercises have several graders' runs (solution, wrong attempt, shortcuts).
-_SPLIT_BY_NOTEBOOK = ("tests/test_solutions.py",)
-
-
-class _XdistGroups:
-    """One xdist group per file (a notebook's cells share one kernel; a test module's fixtures start
-    once), except the files of _SPLIT_BY_NOTEBOOK, grouped by the notebook their test id names. A
-    plugin of its own: it must run before xdist's hook, which turns groups into node-id suffixes."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items):
-        for item in items:
-            path = item.nodeid.split("::")[0]
-            group = path
-            if path in _SPLIT_BY_NOTEBOOK:
-                match = re.search(r"\[(\d\d[a-z]?)[._]", item.nodeid)
-                group = f"{path}:{match.group(1)}" if match else path
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(trylast=True)  # after -k, -m and --deselect: see only the items that will run

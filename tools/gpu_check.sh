@@ -125,7 +125,7 @@ MISSING="$(python tools/gpu_check_info.py missing 2>/dev/null)"
 export GPU_CHECK_MISSING="$MISSING"
 XDIST=()
 if [ "$TEST_WORKERS" -ge 2 ] && python -c "import xdist" >/dev/null 2>&1; then
-  XDIST=(-n "$TEST_WORKERS" --dist loadgroup)
+  XDIST=(-n "$TEST_WORKERS" --dist loadfile)
 fi
 TIMEOUT=()
 if command -v timeout >/dev/null 2>&1; then
