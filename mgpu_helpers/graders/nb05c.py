@@ -93,12 +93,26 @@ def _my_part(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch
 
 def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
     from torch.distributed.tensor import DTensor, Shard
 
     mesh = init_device_mesh("cpu", (world_size,))
     model = _model()
-    returned = shard(model, mesh, torch.bfloat16)
+    # the policies the student builds (reduce_dtype None means param_dtype): torch 2.15 reduces in fp32
+    # on gloo whatever the policy says, so there the traffic alone cannot tell a bf16 reduction apart
+    policies: list[Any] = []
+    original_init = MixedPrecisionPolicy.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        policies.append(self)
+
+    MixedPrecisionPolicy.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        returned = shard(model, mesh, torch.bfloat16)
+    finally:
+        MixedPrecisionPolicy.__init__ = original_init  # type: ignore[method-assign]
+    asked = {p.reduce_dtype or p.param_dtype for p in policies} - {None, torch.float32}
     model = model if returned is None else returned
     if not isinstance(model, nn.Module):
         return {"error": f"shard returned {type(model).__name__}, not the model"}
@@ -140,7 +154,9 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
         gathers=forward.count("all_gather"),
         regathers=backward.count("all_gather"),
         gather_dtypes=sorted({str(c.dtype) for c in forward.calls + backward.calls if c.op == "all_gather"}),
-        reduce_dtypes=sorted({str(c.dtype) for c in backward.calls if c.op == "reduce_scatter"}),
+        reduce_dtypes=sorted(
+            {str(c.dtype) for c in backward.calls if c.op == "reduce_scatter"} | {str(d) for d in asked}
+        ),
         param_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
         grads={n: p.grad.full_tensor() if p.grad is not None else None for n, p in model.named_parameters()},
     )
