@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 def amp_step(model, optimizer, scaler, x, y, max_norm):
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
@@ -19,7 +19,7 @@ def amp_step(model, optimizer, scaler, x, y, max_norm):
 def amp_step_clipping_scaled_gradients(model, optimizer, scaler, x, y, max_norm):
     """Clips before unscaling: the norm it limits is the scaled one, so the real update is tiny."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -30,7 +30,7 @@ def amp_step_clipping_scaled_gradients(model, optimizer, scaler, x, y, max_norm)
 def accumulated_amp_step(model, optimizer, scaler, micro_batches, max_norm):
     optimizer.zero_grad(set_to_none=True)
     for x, y in micro_batches:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.float16):
             loss = F.cross_entropy(model(x), y) / len(micro_batches)
         scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
@@ -43,7 +43,7 @@ def accumulated_amp_step_summing_losses(model, optimizer, scaler, micro_batches,
     """Moves the step out of the loop but forgets that the micro-batch gradients add up."""
     optimizer.zero_grad(set_to_none=True)
     for x, y in micro_batches:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.float16):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
@@ -57,9 +57,9 @@ WRONG = {"05a.1": (amp_step_clipping_scaled_gradients,), "05a.2": (accumulated_a
 
 
 def _amp_step_without_scaler(model, optimizer, scaler, x, y, max_norm):
-    """Shortcut: bf16 needs no loss scaling, so leave the scaler out; an inf step is then not skipped."""
+    """Shortcut: leave the scaler out (these gradients survive fp16); an inf step is then not skipped."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -69,7 +69,7 @@ def _amp_step_without_scaler(model, optimizer, scaler, x, y, max_norm):
 def _amp_step_skipping_by_hand(model, optimizer, scaler, x, y, max_norm):
     """Shortcut: no scaler, but a hand-written finiteness check; the loss scale never adapts."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)
     loss.backward()
     if all(torch.isfinite(p.grad).all() for p in model.parameters()):
@@ -88,10 +88,34 @@ def _amp_step_in_fp32(model, optimizer, scaler, x, y, max_norm):
     scaler.update()
 
 
-def _amp_step_bf16_model(model, optimizer, scaler, x, y, max_norm):
-    """Shortcut: cast the model itself to bf16 (pure 16-bit, no fp32 master weights)."""
-    model.to(torch.bfloat16)
+def _amp_step_fp16_model(model, optimizer, scaler, x, y, max_norm):
+    """Shortcut: cast the model itself to fp16 (pure 16-bit, no fp32 master weights)."""
+    model.to(torch.float16)
     amp_step(model, optimizer, scaler, x, y, max_norm)
+
+
+def _amp_step_all_under_autocast(model, optimizer, scaler, x, y, max_norm):
+    """Shortcut: the right calls, but backward, clipping and the step inside the autocast block too."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def _amp_step_backward_under_autocast(model, optimizer, scaler, x, y, max_norm):
+    """Shortcut: backward inside the autocast block, clipping and the step outside."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def _accumulated_whole_batch(model, optimizer, scaler, micro_batches, max_norm):
@@ -105,7 +129,7 @@ def _accumulated_without_scaler(model, optimizer, scaler, micro_batches, max_nor
     """Shortcut: accumulation right, but no scaler: the inf step is not skipped."""
     optimizer.zero_grad(set_to_none=True)
     for x, y in micro_batches:
-        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.float16):
             loss = F.cross_entropy(model(x), y) / len(micro_batches)
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -117,7 +141,9 @@ SHORTCUTS = {
         "no_grad_scaler": (_amp_step_without_scaler,),
         "skip_by_hand_without_scaler": (_amp_step_skipping_by_hand,),
         "fp32_forward": (_amp_step_in_fp32,),
-        "bf16_model_instead_of_autocast": (_amp_step_bf16_model,),
+        "fp16_model_instead_of_autocast": (_amp_step_fp16_model,),
+        "backward_clip_step_under_autocast": (_amp_step_all_under_autocast,),
+        "backward_under_autocast": (_amp_step_backward_under_autocast,),
     },
     "05a.2": {
         "whole_batch_at_once": (_accumulated_whole_batch,),

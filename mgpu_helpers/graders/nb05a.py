@@ -1,13 +1,14 @@
-"""Used by notebook 05a's exercises: a bf16 ``torch.autocast`` + ``GradScaler`` training step with
+"""Used by notebook 05a's exercises: an fp16 ``torch.autocast`` + ``GradScaler`` training step with
 gradient clipping (05a.1), and the repair of a gradient-accumulation step (05a.2).
 
-Both graders run the student's step for real, on the CPU with bf16 autocast and
+Both graders run the student's step for real, on the CPU with fp16 autocast and
 ``torch.amp.GradScaler("cpu")``, for a few steps on a small model, and compare how far the weights
 moved with an fp32 reference computed here (same data, same SGD, same clipping; for 05a.2 one step on
-the whole batch per group of micro-batches); the weights must still be fp32 (a model cast to bf16 is
-not mixed precision). Then one batch holds an ``inf``: the scaler must skip that optimizer step (weights
-unchanged and finite) and halve its scale, once (a step without the scaler, or one that skips by hand,
-leaves the scale alone).
+the whole batch per group of micro-batches); the weights must still be fp32 (a model cast to fp16 is
+not mixed precision), and backward, clipping and the optimizer step must run outside ``autocast``
+(hooks look at ``torch.is_autocast_enabled`` during backward and at the step). Then one batch holds an
+``inf``: the scaler must skip that optimizer step (weights unchanged and finite) and halve its scale,
+once (a step without the scaler, or one that skips by hand, leaves the scale alone).
 """
 
 from __future__ import annotations
@@ -69,6 +70,14 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
     hook = model[0].register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
     rows: list[int] = []  # rows of each forward pass: with micro-batches, one pass per micro-batch
     rows_hook = model.register_forward_pre_hook(lambda _m, inputs: rows.append(len(inputs[0])))
+    under_autocast: set[str] = set()  # "backward", "the optimizer step": what ran inside autocast
+
+    def note(what: str) -> None:
+        if torch.is_autocast_enabled("cpu"):
+            under_autocast.add(what)
+
+    grad_hook = model[0].weight.register_hook(lambda _g: note("backward"))
+    step_hook = opt.register_step_pre_hook(lambda _o, _a, _k: note("the optimizer step"))
 
     def call(x: torch.Tensor, y: torch.Tensor) -> None:
         if micro:
@@ -80,8 +89,14 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
         for x, y in _batches():
             call(x, y)
     finally:
-        hook.remove()
-        rows_hook.remove()
+        for handle in (hook, rows_hook, grad_hook, step_hook):
+            handle.remove()
+    if under_autocast:
+        raise Wrong(
+            f"{' and '.join(sorted(under_autocast))} ran inside torch.autocast: autocast is for the forward "
+            "pass and the loss; leave the with-block before backward (its backward ops follow the forward's "
+            "dtypes on their own), clipping and the step."
+        )
     if micro and max(rows) > _MICRO:
         raise Wrong(
             f"a forward pass ran on {max(rows)} rows: accumulation runs forward and backward on each "
@@ -93,9 +108,9 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
             f"after your steps the weights are {', '.join(kept)}: mixed precision keeps the weights in fp32 "
             "(small updates vanish in 16 bits) and lets autocast make the 16-bit copies."
         )
-    if torch.bfloat16 not in dtypes:
+    if torch.float16 not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in sorted(dtypes, key=str)) or "nothing"
-        raise Wrong(f"the first Linear layer computed in {names}, not in bfloat16.")
+        raise Wrong(f"the first Linear layer computed in {names}, not in float16.")
     change, ref = _flat_change(model, start), _reference_change(max_norm)
     what = f"{_STEPS} steps" + (f" of {64 // _MICRO} micro-batches" if micro else "")
     if not torch.isfinite(change).all():
@@ -105,7 +120,7 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
         ratio = (change.norm() / ref.norm()).item()
         raise Wrong(
             f"after {what} your weights moved {ratio:.3g}x as far as {_STEPS} fp32 SGD steps on the whole "
-            f"batches with clipping to {max_norm} (off by {error:.0%} of that update; bf16 rounding "
+            f"batches with clipping to {max_norm} (off by {error:.0%} of that update; fp16 rounding "
             "accounts for under 5 %)."
         )
     before = [p.detach().clone() for p in model.parameters()]
@@ -125,14 +140,14 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
             f"step should leave {scale / 2:g}."
         )
     return (
-        f"bf16 autocast; after {what} the weights are within {error:.1%} of fp32 SGD's update with "
+        f"fp16 autocast; after {what} the weights are within {error:.1%} of fp32 SGD's update with "
         "clipping, and the step with an inf gradient was skipped with the scale halved"
     )
 
 
 @exercise(
     "05a.1",
-    "a bf16 autocast + GradScaler training step with clipping",
+    "an fp16 autocast + GradScaler training step with clipping",
     hint="only the forward pass and the loss belong inside torch.autocast; section 2 of the notebook says "
     "what the gradients still carry when backward returns, which matters to clipping and to the step.",
 )
