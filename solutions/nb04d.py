@@ -8,16 +8,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def save_snapshot(path, model, optimizer, scheduler, epoch):
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": torch.get_rng_state(),  # Dropout's masks come from the global generator
-        "epoch": epoch,
-    }
-    torch.save(state, path + ".tmp")
+def _rank():
+    return dist.get_rank() if dist.is_initialized() else 0  # the grader's first check runs in one process
+
+
+def _save_atomically_to(obj, path):
+    torch.save(obj, path + ".tmp")  # a crash while writing leaves the previous file intact
     os.replace(path + ".tmp", path)
+
+
+def save_snapshot(path, model, optimizer, scheduler, epoch):
+    rank = _rank()
+    if rank == 0:  # one writer for what all ranks share
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch,
+        }
+        _save_atomically_to(state, path)
+    _save_atomically_to(torch.get_rng_state(), f"{path}.rng{rank}")  # each rank its own Dropout masks
 
 
 def load_snapshot(path, model, optimizer, scheduler):
@@ -27,20 +37,20 @@ def load_snapshot(path, model, optimizer, scheduler):
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"])
+    torch.set_rng_state(torch.load(f"{path}.rng{_rank()}", weights_only=True))
     return state["epoch"] + 1
 
 
 def save_without_rng(path, model, optimizer, scheduler, epoch):
     """Model, optimizer, scheduler and epoch, but not the RNG: Dropout's masks change after a restart."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epoch": epoch,
-    }
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    if _rank() == 0:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch,
+        }
+        _save_atomically_to(state, path)
 
 
 def load_without_rng(path, model, optimizer, scheduler):
@@ -51,6 +61,40 @@ def load_without_rng(path, model, optimizer, scheduler):
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return state["epoch"] + 1
+
+
+def save_rank0_rng(path, model, optimizer, scheduler, epoch):
+    """Rank 0 writes everything, its own RNG state included; every rank then loads rank 0's state."""
+    if _rank() == 0:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": torch.get_rng_state(),
+            "epoch": epoch,
+        }
+        _save_atomically_to(state, path)
+
+
+def load_rank0_rng(path, model, optimizer, scheduler):
+    start = load_without_rng(path, model, optimizer, scheduler)
+    if start:
+        torch.set_rng_state(torch.load(path, map_location="cpu", weights_only=True)["rng"])
+    return start
+
+
+def save_not_atomic(path, model, optimizer, scheduler, epoch):
+    """Everything each rank needs, but written in place: a crash mid-write leaves half a file."""
+    rank = _rank()
+    if rank == 0:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch,
+        }
+        torch.save(state, path)
+    torch.save(torch.get_rng_state(), f"{path}.rng{rank}")
 
 
 def train(model, optimizer, data, epochs, path):
@@ -200,6 +244,8 @@ SHORTCUTS = {
     "04d.1": {
         "epoch_written_in": (save_snapshot, load_with_written_in_epoch),
         "rng_reseeded_from_the_epoch": (save_reseeding, load_reseeding),
+        "rank0_rng_loaded_on_every_rank": (save_rank0_rng, load_rank0_rng),
+        "torch_save_in_place": (save_not_atomic, load_snapshot),
     },
     "04d.2": {
         "no_shuffle": (train_without_shuffle,),

@@ -68,6 +68,30 @@ def allreduce_sizes_one_per_parameter(ddp_model, x, y):
     return sorted(p.numel() for p in ddp_model.parameters())
 
 
+def allreduce_sizes_simulated_buckets(ddp_model, x, y):
+    """Records a profile but never reads it: simulates DDP's buckets (parameters in reverse, cut once a
+    bucket reaches bucket_bytes_cap) — wrong when the gradients become ready in another order."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+        F.cross_entropy(ddp_model(x), y).backward()
+    sizes, elements, size_bytes = [], 0, 0
+    for p in reversed(list(ddp_model.module.parameters())):
+        elements, size_bytes = elements + p.numel(), size_bytes + p.numel() * p.element_size()
+        if size_bytes >= ddp_model.bucket_bytes_cap:
+            sizes.append(elements)
+            elements = size_bytes = 0
+    return sorted(sizes + ([elements] if elements else []))
+
+
+def allreduce_sizes_logging_data_after_an_extra_step(ddp_model, x, y):
+    """Runs one more step so that DDP logs its rebuilt buckets, profiles one, and returns the logged sizes
+    (bytes / 4) instead of reading the profile."""
+    for _ in range(2):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+            F.cross_entropy(ddp_model(x), y).backward()
+    sizes = ddp_model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+    return sorted(int(b) // 4 for b in str(sizes).split(","))
+
+
 SOLUTIONS = {"07c.1": (who_is_behind,), "07c.2": (allreduce_sizes,)}
 WRONG = {"07c.1": (who_is_behind_by_length,), "07c.2": (allreduce_sizes_one_per_row,)}
 SHORTCUTS = {
@@ -78,5 +102,7 @@ SHORTCUTS = {
     "07c.2": {
         "ddp_logging_data": (allreduce_sizes_from_ddp_logging,),
         "one_per_parameter": (allreduce_sizes_one_per_parameter,),
+        "simulated_buckets": (allreduce_sizes_simulated_buckets,),
+        "ddp_logging_data_after_an_extra_step": (allreduce_sizes_logging_data_after_an_extra_step,),
     },
 }

@@ -7,14 +7,17 @@ runs) with 2 gloo workers, ``--max-restarts=1`` and a c10d rendezvous on 127.0.0
 once. The agent runs in a child of the launcher's forkserver and its workers fork from the agent
 (:mod:`~mgpu_helpers.graders._elastic`), so functions defined in the notebook run as they are — no script.
 
-**04d.1.** In the kernel: train 2 epochs of a float64 MLP with Dropout, AdamW and a per-step ``LambdaLR``,
-``save_snapshot``, build a fresh model, optimizer and scheduler (the global RNG re-seeded, as in a new
+**04d.1.** In the kernel: train 2 epochs of a float64 MLP with Dropout, AdamW and a per-step ``LambdaLR``
+on 2 simulated ranks whose global RNGs are seeded differently (the kernel's generator plays rank 0),
+``save_snapshot``, build a fresh model, optimizer and scheduler (rank 0's RNG re-seeded, as in a new
 process), ``load_snapshot``, train epoch 2, and compare what was loaded (epoch, weights, AdamW's moments,
 learning rate, RNG state) and the final weights with the uninterrupted run (``rtol=1e-9``); a second
-snapshot, of epoch 6, must load as epoch 7 (the epoch comes from the file, not from the code). Then the
-elastic job: rank 1 dies at the start of epoch 2, both workers restart and resume; what they loaded and
-the final weights are compared with the same single-process computation (the two ranks draw the same
-Dropout masks: they seed alike).
+snapshot, of epoch 6, must load as epoch 7 (the epoch comes from the file, not from the code). Then each
+write of one more ``save_snapshot`` in turn writes half its bytes and "dies" (:mod:`._nb04d_crash`):
+``load_snapshot`` must still load a complete snapshot (a non-atomic save fails here). Then the elastic
+job: every rank calls ``save_snapshot`` after every epoch, rank 1 dies at the start of epoch 2, both
+workers restart and resume; what each rank loaded (its **own** RNG state included: loading rank 0's on
+every rank fails) and the final weights are compared with the single-process computation.
 
 **04d.2.** In 2 ranks (:func:`~mgpu_helpers.graders._ranks.run_ranks`): ``train(epochs=4)`` (the
 reference), and ``train(epochs=1)`` followed by ``train(epochs=4)`` on the same path with a fresh model (it
@@ -33,9 +36,8 @@ workers to the agent (``PR_SET_PDEATHSIG``), and stop every process before the g
 
 from __future__ import annotations
 
-import builtins
-import io
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +48,7 @@ from torch import nn
 
 from ..exercises import Wrong, exercise
 from ._elastic import elastic_job
+from ._nb04d_crash import Crash, arm_crash, interrupted_write
 from ._ranks import run_ranks
 
 
@@ -65,18 +68,20 @@ def _differs(a: Any, b: Any) -> float | None:
 
 _EPOCHS, _CRASH_EPOCH, _SAMPLES, _BATCH = 3, 2, 64, 8  # per rank and step: _BATCH samples
 _LATER_EPOCH = 6  # a second snapshot's epoch: load_snapshot must read the epoch from the file
+_RANK_SEED = 1000  # rank r's global RNG is seeded with _RANK_SEED + r after the model is built
 
 
-def _setup_041() -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
+def _setup_041(rank: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(_SAMPLES, 6, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 3, (_SAMPLES,), generator=gen)
-    torch.manual_seed(0)  # what a fresh process does: the same weights, and the RNG where a new run has it
+    torch.manual_seed(0)  # the same weights on every rank
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.25), nn.Linear(16, 3)).double()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 4) * 0.8**step
     )
+    torch.manual_seed(_RANK_SEED + rank)  # then each rank its own Dropout masks, as in a fresh process
     return model, optimizer, scheduler, x, y
 
 
@@ -96,21 +101,31 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]
 
 
 def _epoch_041(
-    model: nn.Module, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor, epoch: int
-) -> list[float]:
-    """One epoch of 2 ranks in one process (both draw the same Dropout masks); the learning rates used."""
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epoch: int,
+    rng1: torch.Tensor,
+) -> tuple[list[float], torch.Tensor]:
+    """One epoch of 2 ranks in one process: rank 0 draws its Dropout masks from the global RNG, rank 1 from
+    the state ``rng1``; the learning rates used and rank 1's RNG state afterwards."""
     lrs = []
     for parts in zip(*(s.split(_BATCH) for s in _shards(epoch)), strict=True):
-        rng, losses = torch.get_rng_state(), []
-        for b in parts:
-            torch.set_rng_state(rng)
+        rngs, losses = [torch.get_rng_state(), rng1], []
+        for rank, b in enumerate(parts):
+            torch.set_rng_state(rngs[rank])
             losses.append(F.cross_entropy(model(x[b]), y[b]))
+            rngs[rank] = torch.get_rng_state()
+        torch.set_rng_state(rngs[0])
+        rng1 = rngs[1]
         optimizer.zero_grad()
         (sum(losses) / len(losses)).backward()
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    return lrs
+    return lrs, rng1
 
 
 def _check_lrs(got: list[float], want: list[float], when: str) -> None:
@@ -143,8 +158,8 @@ def _check_loaded(start: Any, got: dict[str, Any], want: dict[str, Any], when: s
         )
     if got["rng"] != want["rng"]:
         raise Wrong(
-            f"{when}, the random number generator after load_snapshot was not where the uninterrupted run "
-            f"had it, so epoch {_CRASH_EPOCH}'s Dropout masks differ."
+            f"{when}, the random number generator after load_snapshot was not where this rank's "
+            f"uninterrupted run had it, so epoch {_CRASH_EPOCH}'s Dropout masks differ."
         )
 
 
@@ -158,7 +173,7 @@ def _worker_041(
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    model, optimizer, scheduler, x, y = _setup_041()
+    model, optimizer, scheduler, x, y = _setup_041(rank)
     start = load_snapshot(path, model, optimizer, scheduler)
     report = {"attempt": attempt, "start": start, "resumed": _state(model, optimizer)}
     ddp = DDP(model)
@@ -172,20 +187,54 @@ def _worker_041(
             report.setdefault("lrs", []).append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             scheduler.step()
-        if rank == 0:
-            save_snapshot(path, model, optimizer, scheduler, epoch)
+        save_snapshot(path, model, optimizer, scheduler, epoch)  # every rank
         dist.barrier()
     report["final"] = _state(model, optimizer)["weights"]
     dist.destroy_process_group()
     return report
 
 
+def _check_atomic_041(
+    save_snapshot: Callable[..., Any], load_snapshot: Callable[..., Any], path: str, saved: dict[str, Any]
+) -> None:
+    """Interrupt each write of one more save_snapshot half-way (each time in a copy of the folder that holds
+    the snapshot of epoch 1): load_snapshot must then load a complete snapshot, the old or the new one."""
+    folder = os.path.dirname(path)
+    files = [f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f))]
+    for nth in range(1, 9):
+        copy = os.path.join(folder, f"crash{nth}")
+        os.makedirs(copy)
+        for name in files:
+            shutil.copyfile(os.path.join(folder, name), os.path.join(copy, name))
+        target = os.path.join(copy, os.path.basename(path))
+        model, optimizer, scheduler, _, _ = _setup_041()
+        try:
+            with interrupted_write(copy, nth):
+                save_snapshot(target, model, optimizer, scheduler, _LATER_EPOCH)
+        except Crash:
+            pass
+        else:
+            return  # save_snapshot wrote fewer than nth files: each of its writes was interrupted once
+        model, optimizer, scheduler, _, _ = _setup_041()
+        try:
+            start = load_snapshot(target, model, optimizer, scheduler)
+        except Exception as error:  # noqa: BLE001 - any failure to load is the finding
+            raise Wrong(
+                "in one process, the machine died half-way through a file that save_snapshot was writing; "
+                f"then your load_snapshot failed ({type(error).__name__}) instead of loading the previous "
+                "snapshot: a crash must never leave a half-written file where a complete one was."
+            ) from None
+        if start != _LATER_EPOCH + 1:
+            _check_loaded(start, _state(model, optimizer), saved, "after a crash half-way through a save")
+
+
 @exercise(
     "04d.1",
     "snapshot a full training state",
     hint="List everything whose state changes while training and decides what the next step does — the "
-    "weights are only one of them, and Dropout draws random numbers. Once the snapshot of epoch e is on "
-    "disk, which epoch must the job go on at?",
+    "weights are only one of them, and Dropout draws random numbers, different ones on each rank. Once the "
+    "snapshot of epoch e is on disk, which epoch must the job go on at? And what is on disk if the machine "
+    "dies half-way through a write?",
 )
 def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..., Any]) -> str:
     """Save/load in the kernel first, then an elastic job with a crash and one restart."""
@@ -194,25 +243,31 @@ def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..
             raise Wrong(f"pass the function {name} itself, not {type(fn).__name__}")
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder, torch.random.fork_rng(devices=[]):
         path = os.path.join(folder, "snapshot.pt")
+        _setup_041(1)
+        rng1 = torch.get_rng_state()  # rank 1's generator, where a fresh process has it
         model, optimizer, scheduler, x, y = _setup_041()
         start = load_snapshot(path, model, optimizer, scheduler)
         if start != 0 or isinstance(start, bool):
             raise Wrong(f"with no file at path, your load_snapshot returned {start!r} instead of epoch 0.")
         for epoch in range(_CRASH_EPOCH):
-            _epoch_041(model, optimizer, scheduler, x, y, epoch)
+            rng1 = _epoch_041(model, optimizer, scheduler, x, y, epoch, rng1)[1]
         save_snapshot(path, model, optimizer, scheduler, _CRASH_EPOCH - 1)
-        saved = _state(model, optimizer)
-        want_lrs = _epoch_041(model, optimizer, scheduler, x, y, _CRASH_EPOCH)
+        saved = [_state(model, optimizer), {**_state(model, optimizer), "rng": rng1.tolist()}]
+        want_lrs = _epoch_041(model, optimizer, scheduler, x, y, _CRASH_EPOCH, rng1)[0]
         final = _state(model, optimizer)["weights"]
-        model, optimizer, scheduler, x, y = _setup_041()  # a fresh process
+        model, optimizer, scheduler, x, y = _setup_041()  # a fresh process (rank 0)
         start = load_snapshot(path, model, optimizer, scheduler)
-        _check_loaded(start, _state(model, optimizer), saved, "in one process")
-        _check_lrs(_epoch_041(model, optimizer, scheduler, x, y, _CRASH_EPOCH), want_lrs, "in one process")
+        _check_loaded(start, _state(model, optimizer), saved[0], "in one process")
+        lrs = _epoch_041(
+            model, optimizer, scheduler, x, y, _CRASH_EPOCH, torch.tensor(saved[1]["rng"], dtype=torch.uint8)
+        )[0]
+        _check_lrs(lrs, want_lrs, "in one process")
         if _differs(_state(model, optimizer)["weights"], final) is not None:
             raise Wrong(
                 "in one process, the weights after the resumed epoch differ from the uninterrupted run's."
             )
-        later = os.path.join(folder, "later.pt")  # another epoch: the epoch must come from the file
+        later = os.path.join(folder, "later", "snapshot.pt")  # another epoch: it must come from the file
+        os.makedirs(os.path.dirname(later))
         save_snapshot(later, model, optimizer, scheduler, _LATER_EPOCH)
         start = load_snapshot(later, *_setup_041()[:3])
         if start != _LATER_EPOCH + 1 or isinstance(start, bool):
@@ -220,25 +275,29 @@ def grade_snapshot(save_snapshot: Callable[..., Any], load_snapshot: Callable[..
                 f"in one process, after save_snapshot(..., epoch={_LATER_EPOCH}) your load_snapshot returned "
                 f"{start!r} as the epoch to go on at."
             )
+        _check_atomic_041(save_snapshot, load_snapshot, path, saved[0])
     with tempfile.TemporaryDirectory(prefix="mgpu-04d-") as folder:
-        report = elastic_job(
+        reports = elastic_job(
             f"rank 1 died at the start of epoch {_CRASH_EPOCH}",
             _worker_041,
             save_snapshot,
             load_snapshot,
             os.path.join(folder, "snapshot.pt"),
             fresh=folder,
-        )[0]
-    if report["attempt"] != 1:
-        raise Wrong("the elastic job ended without a restart: rank 1 never reached epoch 2.")
-    _check_loaded(report["start"], report["resumed"], saved, "after the real restart")
-    _check_lrs(report.get("lrs", []), want_lrs, "after the real restart")
-    if _differs(report["final"], final) is not None:
+        )
+    for rank in (0, 1):
+        report = reports[rank]
+        if report["attempt"] != 1:
+            raise Wrong("the elastic job ended without a restart: rank 1 never reached epoch 2.")
+        when = f"after the real restart, on rank {rank}"
+        _check_loaded(report["start"], report["resumed"], saved[rank], when)
+        _check_lrs(report.get("lrs", []), want_lrs, when)
+    if any(_differs(reports[rank]["final"], final) is not None for rank in (0, 1)):
         raise Wrong("after the real restart, the final weights differ from an uninterrupted run's.")
     return (
-        "resumed in one process and after a real elastic restart (rank 1 lost at the start of epoch 2) with "
-        "the weights, AdamW's moments, the learning rate and the RNG state of the uninterrupted run, and "
-        "ended with its weights."
+        "resumed in one process, after a crash half-way through a save, and after a real elastic restart "
+        "(rank 1 lost at the start of epoch 2) with the weights, AdamW's moments, the learning rate and each "
+        "rank's own RNG state of the uninterrupted run, and ended with its weights."
     )
 
 
@@ -281,53 +340,6 @@ def _ranks_042(rank: int, world_size: int, train: Callable[..., Any], folder: st
     }
 
 
-def _arm_crash(folder: str) -> None:
-    """Make the 2nd write of a file in ``folder`` (torch.save to a path, or open() for writing) write half of
-    its bytes and end the process, like a machine lost in the middle of saving."""
-    real_open, real_save, writes = builtins.open, torch.save, [0]
-
-    def second(target: Any) -> bool:
-        inside = isinstance(target, (str, os.PathLike)) and os.path.abspath(target).startswith(
-            folder + os.sep
-        )
-        writes[0] += inside
-        return inside and writes[0] == 2
-
-    class Dying:
-        def __init__(self, handle: Any) -> None:
-            self.handle = handle
-
-        def write(self, data: Any) -> None:
-            self.handle.write(data[: len(data) // 2])
-            self.handle.flush()
-            os._exit(1)
-
-        def __enter__(self) -> Dying:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.handle.close()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.handle, name)
-
-    def dying_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        handle = real_open(file, mode, *args, **kwargs)
-        return Dying(handle) if set(mode) & set("wax+") and second(file) else handle
-
-    def dying_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        if not second(f):
-            return real_save(obj, f, *args, **kwargs)
-        buffer = io.BytesIO()
-        real_save(obj, buffer, *args, **kwargs)
-        with real_open(f, "wb") as out:
-            out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-        os._exit(1)
-
-    builtins.open = io.open = dying_open  # type: ignore[assignment]
-    torch.save = torch.serialization.save = dying_save  # type: ignore[assignment]
-
-
 def _worker_042(train: Callable[..., Any], folder: str) -> dict[str, Any]:
     """Runs in each elastic worker: the student's train(); in attempt 0 rank 0 dies in its 2nd snapshot."""
     import torch.distributed as dist
@@ -335,7 +347,7 @@ def _worker_042(train: Callable[..., Any], folder: str) -> dict[str, Any]:
     dist.init_process_group("gloo")
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if attempt == 0 and dist.get_rank() == 0:
-        _arm_crash(folder)
+        arm_crash(folder)
     report = {"attempt": attempt, **_run_042(train, _EPOCHS_2, os.path.join(folder, "snapshot.pt"))}
     dist.destroy_process_group()
     return report

@@ -82,8 +82,10 @@ def _live_graph_nodes() -> int:
     "07a.1",
     "repair a leaking training loop",
     hint="measure before you change anything: mark a MemoryTracker after every step, as in §4.1, and see "
-    "what grows. Then ask, of everything the loop still holds when an iteration ends, what it refers to: a "
-    "tensor that came out of the model brings its graph along.",
+    "what grows — but the tracker counts tensor bytes only, and a loss kept after backward() holds its "
+    "graph's nodes without bytes, so measuring cannot show every leak. Then ask, of everything the loop "
+    "still holds when an iteration ends, what it refers to: a tensor that came out of the model brings "
+    "its graph along.",
 )
 def _grade_leak(train_epoch: Callable[..., object]) -> str:
     model, batches = _setup()

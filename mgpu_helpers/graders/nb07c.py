@@ -7,9 +7,11 @@ entries, so that every dump holds the same number of entries. The student's func
 dumps as recorded, with the ranks relabelled, and with the ranks relabelled and the collectives' kinds
 swapped (all-reduce and broadcast), so that neither the rank nor the kind can be written in.
 
-07c.2 runs the student's function on both ranks of a
-2-process gloo DDP job whose buckets (``bucket_cap_mb``) give several all-reduces, three of them of the
-same size, and compares the answer with the grader's own profile of the next step and with the model's
+07c.2 runs the student's function on both ranks of a 2-process gloo DDP job whose buckets
+(``bucket_cap_mb``) give three all-reduces, two of them of the same size. The model registers its layers
+in another order than its forward uses them, and DDP rebuilds its buckets in the order the gradients
+became ready, so simulating the buckets from ``parameters()`` in reverse gives other sizes than the
+profile. The answer is compared with the grader's own profile of the next step and with the model's
 parameter count; hooks check that a profiler was recording while the student's step ran forward and
 backward (DDP's own bucket list, ``_get_ddp_logging_data()``, is not the lesson).
 """
@@ -133,27 +135,48 @@ def _profiled_sizes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     return sorted(math.prod(e.input_shapes[0]) for e in prof.events() if e.name.endswith(":all_reduce"))
 
 
+_USE = [(32, 96), (96, 96), (96, 32)] * 3 + [(32, 10)]  # the Linear layers, in the order forward uses them
+_REGISTERED = [1, 4, 7, 9, 0, 3, 6, 2, 5, 8]  # the order they are registered in (model.parameters())
+
+
+class _Shuffled(torch.nn.Module):
+    """An MLP whose layers are registered in another order than forward uses them: DDP's rebuilt buckets
+    follow the order gradients become ready, so guessing the buckets from ``parameters()`` goes wrong."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in _REGISTERED:
+            self.add_module(f"layer{i}", torch.nn.Linear(*_USE[i]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(len(_USE)):
+            x = getattr(self, f"layer{i}")(x)
+            x = torch.relu(x) if i < len(_USE) - 1 else x
+        return x
+
+
 def _ddp_job(rank: int, world_size: int, fn: Callable[..., object]) -> tuple[object, list[int], int]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
-    # 0.05 MB buckets: one per hidden layer (three of the same size) plus the output layer's
-    model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(128, 10)), bucket_cap_mb=0.05)
-    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    # 0.05 MB buckets: 3 all-reduces, two of the same size; not those of the parameters' reverse order
+    model = DDP(_Shuffled(), bucket_cap_mb=0.05)
+    x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
     F.cross_entropy(model(x), y).backward()  # warm-up: DDP rebuilds its buckets after the first step
     model.zero_grad(set_to_none=True)
     profiled: list[bool] = []  # was a profiler recording when the student's step ran forward and backward?
     recording = torch.autograd._profiler_enabled
     pre = model.module.register_forward_pre_hook(lambda *_: profiled.append(recording()))
-    post = model.module[-1].weight.register_hook(lambda g: profiled.append(recording()))
+    post = getattr(model.module, f"layer{len(_USE) - 1}").weight.register_hook(
+        lambda g: profiled.append(recording())
+    )
     try:
         got = fn(model, x, y)
     finally:
         pre.remove(), post.remove()
-    if not profiled or not all(profiled):
+    if len(profiled) != 2:  # one forward and one backward
+        got = ("steps", len(profiled) // 2)
+    elif not all(profiled):
         got = ("not profiled",)
     if isinstance(got, torch.Tensor):
         got = got.tolist()
@@ -177,6 +200,10 @@ def _grade_sizes(allreduce_sizes: Callable[..., object]) -> str:
         errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
         raise Wrong(f"a rank raised: {(errors or lines)[-1].strip()[:200]}") from None
     for rank, (got, want, params) in enumerate(results):
+        if isinstance(got, tuple) and got[:1] == ("steps",):
+            raise Wrong(
+                f"rank {rank}: your function ran {got[1]} training step(s); profile exactly one step."
+            )
         if isinstance(got, tuple) and got[:1] == ("not profiled",):
             raise Wrong(
                 f"rank {rank}: no profiler was recording while your function ran the step's forward and "
