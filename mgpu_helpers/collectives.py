@@ -22,10 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Call", "CollectiveSpy", "ring_bytes_sent"]
+__all__ = ["Call", "CollectiveSpy", "all_gather_single", "reduce_scatter_single", "ring_bytes_sent"]
+
+#: ``dist.all_gather_single(output, input)``: torch 2.13 renamed ``all_gather_into_tensor`` to it (the old
+#: name now warns); on older torch (Colab's 2.11) it is the old name. Same arguments in both.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+#: ``dist.reduce_scatter_single(output, input)``, or ``reduce_scatter_tensor`` before torch 2.13.
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 #: Operator names (after the namespace, without underscores at either end) → the course's names.
 _NAMES = {

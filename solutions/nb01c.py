@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mgpu_helpers.collectives import all_gather_single
+
 # --- 01c.1 ----------------------------------------------------------------------------------------
 
 
@@ -72,7 +74,7 @@ class GatherAndSumCopy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         parts = torch.empty(dist.get_world_size() * grad.numel())
-        dist.all_gather_single(parts, grad.contiguous().flatten())
+        all_gather_single(parts, grad.contiguous().flatten())
         return parts.view(-1, *grad.shape).sum(0)
 
 
@@ -82,7 +84,7 @@ class GatherAndSumReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partial):
         parts = torch.empty(dist.get_world_size() * partial.numel())
-        dist.all_gather_single(parts, partial.contiguous().flatten())
+        all_gather_single(parts, partial.contiguous().flatten())
         return parts.view(-1, *partial.shape).sum(0)
 
     @staticmethod
@@ -208,8 +210,12 @@ class PatchingSpy:
             setattr(dist, name, counted)
 
         wrap("all_reduce", "all_reduce", 0)
-        wrap("all_gather_single", "all_gather", 0)
-        wrap("reduce_scatter_single", "reduce_scatter", 1)
+        for name in ("all_gather_single", "all_gather_into_tensor"):  # torch >= 2.13 / older
+            if hasattr(dist, name):
+                wrap(name, "all_gather", 0)
+        for name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+            if hasattr(dist, name):
+                wrap(name, "reduce_scatter", 1)
         return self
 
     def __exit__(self, *exc):

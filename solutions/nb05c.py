@@ -6,6 +6,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from mgpu_helpers.collectives import all_gather_single, reduce_scatter_single
+
 
 def shard(model, mesh, half):
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
@@ -93,7 +95,7 @@ def gather_full(shard, rows):
     n, c = dist.get_world_size(), _padded_rows(rows, dist.get_world_size())
     piece = F.pad(shard, [0, 0] * (shard.dim() - 1) + [0, c - shard.shape[0]])  # zero rows at the end
     full = shard.new_empty((n * c, *shard.shape[1:]))
-    dist.all_gather_single(full, piece.contiguous())  # rank r's piece lands at rows r*c ... r*c + c
+    all_gather_single(full, piece.contiguous())  # rank r's piece lands at rows r*c ... r*c + c
     return full[:rows]  # the padding of the last pieces sits past the real rows
 
 
@@ -103,7 +105,7 @@ def scatter_grad(full_grad):
     c = _padded_rows(rows, n)
     padded = F.pad(full_grad, [0, 0] * (full_grad.dim() - 1) + [0, n * c - rows])
     mine = full_grad.new_empty((c, *full_grad.shape[1:]))
-    dist.reduce_scatter_single(mine, padded.contiguous())  # the SUM of rank r's rows lands on rank r
+    reduce_scatter_single(mine, padded.contiguous())  # the SUM of rank r's rows lands on rank r
     return (mine / n)[: max(0, min(c, rows - r * c))]  # FSDP averages; drop this rank's padding
 
 
@@ -114,7 +116,7 @@ def scatter_grad_summed(full_grad):
     c = _padded_rows(rows, n)
     padded = F.pad(full_grad, [0, 0] * (full_grad.dim() - 1) + [0, n * c - rows])
     mine = full_grad.new_empty((c, *full_grad.shape[1:]))
-    dist.reduce_scatter_single(mine, padded.contiguous())
+    reduce_scatter_single(mine, padded.contiguous())
     return mine[: max(0, min(c, rows - r * c))]
 
 
@@ -191,7 +193,7 @@ def _scatter_grad_divided_first(full_grad):
     c = _padded_rows(rows, n)
     padded = torch.cat([full_grad / n, full_grad.new_zeros((n * c - rows, *full_grad.shape[1:]))])
     mine = full_grad.new_empty((c, *full_grad.shape[1:]))
-    dist.reduce_scatter_single(mine, padded)
+    reduce_scatter_single(mine, padded)
     return mine.narrow(0, 0, max(0, min(c, rows - r * c)))
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import CollectiveSpy
+from ..collectives import CollectiveSpy, all_gather_single, reduce_scatter_single
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
@@ -192,10 +192,10 @@ def _script(sizes: list[int], world_size: int) -> None:
 
     a, b, c, d, e, f = sizes
     dist.all_reduce(torch.ones(a))
-    dist.all_gather_single(
+    all_gather_single(
         torch.empty(b * world_size, dtype=torch.float64), torch.ones(b, dtype=torch.float64)
     )
-    dist.reduce_scatter_single(torch.empty(c), torch.ones(c * world_size))
+    reduce_scatter_single(torch.empty(c), torch.ones(c * world_size))
     mesh = init_device_mesh("cpu", (world_size,))
     DTensor.from_local(torch.ones(d, 3), mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
     DTensor.from_local(torch.ones(e), mesh, [Partial()]).redistribute(mesh, [Replicate()])
