@@ -5,7 +5,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mgpu_helpers.collectives import Call, CollectiveSpy, ring_bytes_sent
+from mgpu_helpers.collectives import (
+    Call,
+    CollectiveSpy,
+    all_gather_single,
+    reduce_scatter_single,
+    ring_bytes_sent,
+)
 from mgpu_helpers.launching import launch
 
 
@@ -19,9 +25,9 @@ def _by_hand_dtensor_and_fsdp(rank: int, world_size: int) -> dict[str, list[Call
         t = torch.ones(8)  # 32 bytes
         dist.all_reduce(t)
         full = torch.empty(8 * world_size)
-        dist.all_gather_single(full, torch.ones(8))
+        all_gather_single(full, torch.ones(8))
         part = torch.empty(4, dtype=torch.float64)
-        dist.reduce_scatter_single(part, torch.ones(4 * world_size, dtype=torch.float64))
+        reduce_scatter_single(part, torch.ones(4 * world_size, dtype=torch.float64))
         dist.broadcast(torch.zeros(2, dtype=torch.int64), src=0)
         dist.scatter(torch.empty(3), [torch.ones(3)] * world_size if dist.get_rank() == 0 else None, src=0)
         dist.gather(
