@@ -29,12 +29,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
-__all__ = ["CheckResult", "Exercise", "Wrong", "exercise", "exercises", "grade"]
+__all__ = ["CheckResult", "Exercise", "Wrong", "calls_during", "exercise", "exercises", "grade"]
 
 
 class CheckResult:
@@ -164,8 +166,9 @@ def _where(exc: BaseException) -> str:
 
 
 def _arity_problem(grader: Callable[..., Any], work: tuple[Any, ...]) -> str:
-    """"" when ``work`` fits the grader's parameters, else what to pass instead (a wrong count would
-    otherwise surface as a TypeError naming the grader, an internal function, as the student's fault)."""
+    """An empty string when ``work`` fits the grader's parameters, else what to pass instead (a wrong
+    count would otherwise surface as a TypeError naming the grader, an internal function, as the student's
+    fault)."""
     try:
         inspect.signature(grader).bind(*work)
     except TypeError:
@@ -222,3 +225,24 @@ def grade(exercise_id: str, *work: Any) -> CheckResult:
         return CheckResult(False)
     print(f"✅ {label}: correct" + (f" — {detail}" if detail else "."))
     return CheckResult(True)
+
+
+def calls_during(
+    fn: Callable[..., Any], watched: Callable[[CodeType], bool], *args: Any
+) -> tuple[Any, list[CodeType]]:
+    """``fn(*args)``, and the code of every watched function it called, under whatever name: for graders
+    that refuse a ready-made answer (the course's own estimator, the grader's own cases) renamed or
+    reached through an attribute, which :func:`grade`'s static ``forbid`` check cannot see."""
+    hits: list[CodeType] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and watched(frame.f_code):
+            hits.append(frame.f_code)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, hits

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,26 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 
 _SETUPS = ("DDP", "ZeRO-1", "FSDP2")
 
 
 def _watched(fn: Callable[..., Any], answer_keys: Callable[[Any], bool], *args: Any) -> tuple[Any, list[str]]:
     """``fn(*args)`` and the names of the functions it reached for which ``answer_keys(code)`` is true."""
-    hits: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and answer_keys(frame.f_code):
-            hits.append(frame.f_code.co_name)
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        result = fn(*args)
-    finally:
-        sys.setprofile(previous)
-    return result, hits
+    result, codes = calls_during(fn, answer_keys, *args)
+    return result, [code.co_name for code in codes]
 
 
 def _is_the_predictor(code: Any) -> bool:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 
 _FORBID = (
     "plan",
@@ -54,18 +53,9 @@ def _answer_keys() -> dict[Any, str]:
 
 def _run_watched(work: Callable[..., Any], *args: Any) -> Any:
     """``work(*args)``, raising :class:`Wrong` if it ran one of :func:`_answer_keys` (under any name)."""
-    keys, used = _answer_keys(), []
-
-    def watch(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in keys:
-            used.append(keys[frame.f_code])
-
-    previous = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        result = work(*args)
-    finally:
-        sys.setprofile(previous)
+    keys = _answer_keys()
+    result, codes = calls_during(work, keys.__contains__, *args)
+    used = [keys[code] for code in codes]
     if used:
         raise Wrong(
             f"your function ran {used[0]}, a ready-made answer (under another name); write the formula."
