@@ -203,6 +203,19 @@ def reference_solutions(notebook: str) -> Any:
     return importlib.import_module(f"solutions.nb{notebook}")
 
 
+def solution_entries(kind: str, skip: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """(exercise id, name) of every entry of the reference-solution modules' ``kind`` dict ("SHORTCUTS":
+    work the grader must reject, "VARIANTS": other correct work it must accept), leaving out ``skip``."""
+    from mgpu_helpers.exercises import exercises
+
+    found = []
+    for ex in exercises():
+        if ex.id not in skip:
+            module = reference_solutions(ex.id.split(".")[0])
+            found += [(ex.id, name) for name in getattr(module, kind, {}).get(ex.id, {})]
+    return found
+
+
 def graded(exercise_id: str, *work: Any) -> tuple[bool, str]:
     """Run ``grade(exercise_id, *work)`` and return (passed, what it printed)."""
     import contextlib

@@ -3,20 +3,10 @@ entry of the reference-solution modules (``solutions/nbXX.py``), e.g. 07a.1's lo
 batch's predicted classes (1 KiB a step, no graph), which is not a leak."""
 
 import pytest
-from _scripts import graded, reference_solutions
-
-from mgpu_helpers.exercises import exercises
+from _scripts import graded, reference_solutions, solution_entries
 
 
-def _variants() -> list[tuple[str, str]]:
-    found = []
-    for ex in exercises():
-        module = reference_solutions(ex.id.split(".")[0])
-        found += [(ex.id, name) for name in getattr(module, "VARIANTS", {}).get(ex.id, {})]
-    return found
-
-
-@pytest.mark.parametrize(("exercise_id", "name"), _variants(), ids=lambda v: v)
+@pytest.mark.parametrize(("exercise_id", "name"), solution_entries("VARIANTS"), ids=lambda v: v)
 def test_grader_accepts_each_correct_variant(exercise_id, name):
     work = reference_solutions(exercise_id.split(".")[0]).VARIANTS[exercise_id][name]
     ok, printed = graded(exercise_id, *work)

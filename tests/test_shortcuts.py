@@ -6,24 +6,15 @@ it beside the reference solutions' file, not after it. 06b.1 and 08.2 run on the
 tests/test_tuning_ray.py."""
 
 import pytest
-from _scripts import graded, reference_solutions
+from _scripts import graded, reference_solutions, solution_entries
 
-from mgpu_helpers.exercises import exercises
-
-ON_SHARED_RAY = {"06b.1", "08.2"}
-HERE = [e for e in exercises() if e.id not in ON_SHARED_RAY]
+#: Graded on the Ray cluster that tests/test_tuning_ray.py starts once for its module.
+ON_SHARED_RAY = frozenset({"06b.1", "08.2"})
 
 
-def _shortcuts() -> list[tuple[str, str]]:
-    """(exercise id, shortcut name) for every ``SHORTCUTS`` entry of the reference-solution modules."""
-    found = []
-    for ex in HERE:
-        module = reference_solutions(ex.id.split(".")[0])
-        found += [(ex.id, name) for name in getattr(module, "SHORTCUTS", {}).get(ex.id, {})]
-    return found
-
-
-@pytest.mark.parametrize(("exercise_id", "name"), _shortcuts(), ids=lambda v: v)
+@pytest.mark.parametrize(
+    ("exercise_id", "name"), solution_entries("SHORTCUTS", skip=ON_SHARED_RAY), ids=lambda v: v
+)
 def test_grader_rejects_each_known_shortcut(exercise_id, name):
     work = reference_solutions(exercise_id.split(".")[0]).SHORTCUTS[exercise_id][name]
     ok, printed = graded(exercise_id, *work)
