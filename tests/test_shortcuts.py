@@ -10,10 +10,18 @@ from _scripts import graded, reference_solutions, solution_entries
 
 #: Graded on the Ray cluster that tests/test_tuning_ray.py starts once for its module.
 ON_SHARED_RAY = frozenset({"06b.1", "08.2"})
+#: Graders that train a real model for several epochs per run (about 10 s each under CI's load): their
+#: shortcuts run in the slow set (``python -m pytest -m slow tests/test_shortcuts.py``), which keeps
+#: ``.ci/run`` within its budget; their reference solutions and wrong attempts stay in CI.
+SLOW = frozenset({"08.1"})
 
 
 @pytest.mark.parametrize(
-    ("exercise_id", "name"), solution_entries("SHORTCUTS", skip=ON_SHARED_RAY), ids=lambda v: v
+    ("exercise_id", "name"),
+    [
+        pytest.param(e, n, marks=[pytest.mark.slow] if e in SLOW else [], id=f"{e}-{n}")
+        for e, n in solution_entries("SHORTCUTS", skip=ON_SHARED_RAY)
+    ],
 )
 def test_grader_rejects_each_known_shortcut(exercise_id, name):
     work = reference_solutions(exercise_id.split(".")[0]).SHORTCUTS[exercise_id][name]
