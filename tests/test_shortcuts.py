@@ -6,6 +6,7 @@ it beside the reference solutions' file, not after it. 06b.1 and 08.2 run on the
 tests/test_tuning_ray.py."""
 
 import pytest
+import test_solutions
 from _scripts import graded, reference_solutions, solution_entries
 
 #: Graded on the Ray cluster that tests/test_tuning_ray.py starts once for its module.
@@ -13,7 +14,7 @@ ON_SHARED_RAY = frozenset({"06b.1", "08.2"})
 #: Graders that train a real model for several epochs per run (about 10 s each under CI's load): their
 #: shortcuts run in the slow set (``python -m pytest -m slow tests/test_shortcuts.py``), which keeps
 #: ``.ci/run`` within its budget; their reference solutions and wrong attempts stay in CI.
-SLOW = frozenset({"08.1"})
+SLOW = test_solutions.SLOW
 
 
 @pytest.mark.parametrize(

@@ -344,8 +344,15 @@ def test_cluster_rejects_bad_inputs(func, args, kwargs, error, message):
         func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("attempt", ["SOLUTIONS", "WRONG"])
-@pytest.mark.parametrize("exercise_id", ["06b.1", "08.2"])
+@pytest.mark.parametrize(
+    ("exercise_id", "attempt"),
+    [  # 08.2's wrong attempt and shortcut (a Tune run each) are in the slow set (-m slow)
+        ("06b.1", "SOLUTIONS"),
+        ("06b.1", "WRONG"),
+        ("08.2", "SOLUTIONS"),
+        pytest.param("08.2", "WRONG", marks=pytest.mark.slow),
+    ],
+)
 def test_trainable_exercise_graded_on_the_shared_cluster(cluster, attempt, exercise_id):
     """Exercises 06b.1 and 08.2 (tests/test_solutions.py leaves them here): the reference trainable passes
     its grader on the connected cluster (06b.1: a crash, a restart from its checkpoint; 08.2: ASHA stops a
@@ -373,6 +380,7 @@ def test_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
     assert not ok and printed.startswith("❌ Exercise 06b.1") and "restor" in printed, printed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(reference_solutions("08").SHORTCUTS.get("08.2", {})))
 def test_capstone_trainable_shortcut_rejected_on_the_shared_cluster(cluster, name):
     """08.2's known shortcuts (tests/test_solutions.py leaves them here too): e.g. training every epoch
