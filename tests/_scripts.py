@@ -203,16 +203,42 @@ def reference_solutions(notebook: str) -> Any:
     return importlib.import_module(f"solutions.nb{notebook}")
 
 
-def solution_entries(kind: str, skip: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """(exercise id, name) of every entry of the reference-solution modules' ``kind`` dict ("SHORTCUTS":
-    work the grader must reject, "VARIANTS": other correct work it must accept), leaving out ``skip``."""
+def solution_entries(
+    kind: str, skip: frozenset[str] = frozenset(), marks: Callable[[str], list[Any]] = lambda _id: []
+) -> list[Any]:
+    """A ``pytest.param(exercise id, name)`` for every entry of the reference-solution modules' ``kind``
+    dict ("SHORTCUTS": work the grader must reject, "VARIANTS": other correct work it must accept),
+    leaving out ``skip``; ``marks(exercise id)`` adds marks. A module that needs an optional package of
+    the course's extras (Ray for 06b and 08) that is not installed becomes one skipped entry: the GPU
+    check runs where Ray's wheel cannot go. Any other import error fails the collection."""
+    import pytest
+
+    from mgpu_helpers.course import EXTRAS
     from mgpu_helpers.exercises import exercises
 
-    found = []
+    optional = {module for _packages, modules in EXTRAS.values() for module in modules} | {"pandas"}
+    found, missing = [], {}
     for ex in exercises():
-        if ex.id not in skip:
-            module = reference_solutions(ex.id.split(".")[0])
-            found += [(ex.id, name) for name in getattr(module, kind, {}).get(ex.id, {})]
+        notebook = ex.id.split(".")[0]
+        if ex.id in skip or notebook in missing:
+            continue
+        try:
+            module = reference_solutions(notebook)
+        except ModuleNotFoundError as err:
+            if err.name not in optional:
+                raise
+            missing[notebook] = err.name
+            reason = f"solutions/nb{notebook}.py needs {err.name}, which is not installed here"
+            found.append(
+                pytest.param(
+                    ex.id, "", id=f"nb{notebook}-needs-{err.name}", marks=pytest.mark.skip(reason=reason)
+                )
+            )
+            continue
+        found += [
+            pytest.param(ex.id, name, id=f"{ex.id}-{name}", marks=marks(ex.id))
+            for name in getattr(module, kind, {}).get(ex.id, {})
+        ]
     return found
 
 

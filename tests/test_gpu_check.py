@@ -121,10 +121,12 @@ def test_an_offline_narrowed_gpu_check_installs_runs_in_parallel_skips_and_count
     assert (site / "gpucheck_probe.py").exists() and "gpucheck" in (out / "logs" / "install.log").read_text()
 
     assert "[html](notebooks/tiny.html)" in report
-    assert sorted(p.name for p in (out / "notebooks").iterdir()) == ["broken.html", "tiny.html"]
+    assert sorted(p.name for p in (out / "notebooks").iterdir()) == ["broken.html", "lab.css", "tiny.html"]
     html = (out / "notebooks" / "broken.html").read_text()
-    for shown in ("before the error", "ValueError", "on purpose", "nbval FAILED"):
+    for shown in ("before the error", "ValueError", "on purpose", "nbval FAILED", 'href="lab.css"'):
         assert shown in html
+    head = html[: html.index("</head>")]
+    assert "<style" not in head and ".jp-Notebook" in (out / "notebooks" / "lab.css").read_text()
 
     assert "2 steps at a time" in report
     assert _max_concurrency(out / "logs" / "timeline.tsv") == 2  # two at a time, never more

@@ -19,10 +19,9 @@ SLOW = test_solutions.SLOW
 
 @pytest.mark.parametrize(
     ("exercise_id", "name"),
-    [
-        pytest.param(e, n, marks=[pytest.mark.slow] if e in SLOW else [], id=f"{e}-{n}")
-        for e, n in solution_entries("SHORTCUTS", skip=ON_SHARED_RAY)
-    ],
+    solution_entries(
+        "SHORTCUTS", skip=ON_SHARED_RAY, marks=lambda e: [pytest.mark.slow] if e in SLOW else []
+    ),
 )
 def test_grader_rejects_each_known_shortcut(exercise_id, name):
     work = reference_solutions(exercise_id.split(".")[0]).SHORTCUTS[exercise_id][name]

@@ -31,6 +31,7 @@
 # steps (0 = everything passed). Run it from a clone with the test extra installed (pip install -e
 # ".[test]"), or with --wheels. On a lab server: pick the GPUs first, e.g. CUDA_VISIBLE_DEVICES=0,1 bash
 # tools/gpu_check.sh; on Kaggle (2 x T4) it runs as is in a terminal or a `!bash tools/gpu_check.sh` cell.
+# PYTHON names the interpreter (default: `python`, else `python3`).
 # GPU_CHECK_TESTS, GPU_CHECK_NOTEBOOKS and GPU_CHECK_BENCHMARKS (paths or globs) narrow a run to some
 # tests, notebooks or benchmarks.
 set -uo pipefail
@@ -66,6 +67,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ "$JOBS" -ge 1 ] || JOBS=1
+PY="${PYTHON:-$(command -v python || command -v python3)}"  # some GPU images have python3 alone
+[ -n "$PY" ] || die "no python or python3 on PATH (or name one: PYTHON=/path/to/python bash $0)"
 TEST_WORKERS="${TEST_WORKERS:-$((JOBS / 2))}"
 START=$SECONDS
 
@@ -96,7 +99,7 @@ if [ -n "$WHEELS" ]; then
   INSTALL_LOG="$(mktemp)"
   t0=$SECONDS
   echo "Installing the wheels of $WHEELS${TARGET:+ into $TARGET} (offline) ..."
-  if python tools/offline_wheels.py install --wheels "$WHEELS" ${TARGET:+--target "$TARGET"} \
+  if "$PY" tools/offline_wheels.py install --wheels "$WHEELS" ${TARGET:+--target "$TARGET"} \
     --skip mgpu-course >"$INSTALL_LOG" 2>&1; then
     INSTALL_ROW="pass	$((SECONDS - t0))"
   else
@@ -104,11 +107,11 @@ if [ -n "$WHEELS" ]; then
     tail -n 5 "$INSTALL_LOG" >&2
   fi
 fi
-if ! (cd / && python -c "import mgpu_helpers") >/dev/null 2>&1; then
+if ! (cd / && "$PY" -c "import mgpu_helpers") >/dev/null 2>&1; then
   prepend_pythonpath "$ROOT"  # not installed: notebook kernels (cwd notebooks/) import it from here
 fi
 
-DESCRIPTION="$(python tools/gpu_check_info.py describe 2>&1)"
+DESCRIPTION="$("$PY" tools/gpu_check_info.py describe 2>&1)"
 SLUG="$(head -n 1 <<<"$DESCRIPTION")"
 [[ "$SLUG" =~ ^[A-Za-z0-9.+]+$ ]] || SLUG="cpu"
 GPU_CHECK_LABEL="$SLUG, $(date '+%Y-%m-%d')"  # named in each notebook's HTML
@@ -121,10 +124,10 @@ ROWS="$(mktemp -d)"
 trap 'rm -rf "$ROWS"' EXIT
 [ -z "$INSTALL_LOG" ] || mv "$INSTALL_LOG" "$OUT/logs/install.log"
 
-MISSING="$(python tools/gpu_check_info.py missing 2>/dev/null)"
+MISSING="$("$PY" tools/gpu_check_info.py missing 2>/dev/null)"
 export GPU_CHECK_MISSING="$MISSING"
 XDIST=()
-if [ "$TEST_WORKERS" -ge 2 ] && python -c "import xdist" >/dev/null 2>&1; then
+if [ "$TEST_WORKERS" -ge 2 ] && "$PY" -c "import xdist" >/dev/null 2>&1; then
   XDIST=(-n "$TEST_WORKERS" --dist loadfile)
 fi
 TIMEOUT=()
@@ -143,7 +146,7 @@ NOTEBOOKS=(${GPU_CHECK_NOTEBOOKS:-notebooks/[0-9][0-9]*_*.ipynb})
 BENCHMARKS=(${GPU_CHECK_BENCHMARKS:-benchmarks/*.py})
 while IFS=$'\t' read -r path reason; do
   [ -n "$path" ] && WHY["$path"]="$reason"
-done < <(python tools/gpu_check_info.py skips "${NOTEBOOKS[@]}" "${BENCHMARKS[@]}")
+done < <("$PY" tools/gpu_check_info.py skips "${NOTEBOOKS[@]}" "${BENCHMARKS[@]}")
 
 add_step "doctor and hardware table" doctor "" "$OUT/logs/doctor.log"
 add_step "unit tests (gpu tests included)" unit "${GPU_CHECK_TESTS:-tests}" "$OUT/logs/unit.log"
@@ -176,16 +179,16 @@ echo "$SKIP_LINE"
 # shellcheck disable=SC2086  # GPU_CHECK_TESTS's globs are meant to expand; QUICK is empty or one word
 run_kind() {  # run_kind KIND ARG: one step's command
   case "$1" in
-    doctor) ${TIMEOUT[@]+"${TIMEOUT[@]}"} python -m mgpu_helpers ;;
+    doctor) ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$PY" -m mgpu_helpers ;;
     unit)
-      ${TIMEOUT[@]+"${TIMEOUT[@]}"} python -m pytest -q -rs -p no:cacheprovider -p gpu_check_plugin \
+      ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$PY" -m pytest -q -rs -p no:cacheprovider -p gpu_check_plugin \
         ${XDIST[@]+"${XDIST[@]}"} $2
       ;;
     notebook)
-      GPU_CHECK_HTML="$OUT/notebooks" ${TIMEOUT[@]+"${TIMEOUT[@]}"} python -m pytest -q -p no:cacheprovider \
+      GPU_CHECK_HTML="$OUT/notebooks" ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$PY" -m pytest -q -p no:cacheprovider \
         -p gpu_check_plugin --nbval-lax --nbval-current-env "$2"
       ;;
-    benchmark) ${TIMEOUT[@]+"${TIMEOUT[@]}"} python "$2" $QUICK ;;
+    benchmark) ${TIMEOUT[@]+"${TIMEOUT[@]}"} "$PY" "$2" $QUICK ;;
   esac
 }
 
@@ -232,14 +235,14 @@ pool() {  # pool I...: run the steps N at a time, the first ones first
 declare -A ALONE=()
 while IFS= read -r nb; do
   [ -n "$nb" ] && ALONE["$nb"]=1
-done < <(python tools/gpu_check_info.py alone "${ARG[@]:FIRST_NOTEBOOK:FIRST_BENCHMARK-FIRST_NOTEBOOK}")
+done < <("$PY" tools/gpu_check_info.py alone "${ARG[@]:FIRST_NOTEBOOK:FIRST_BENCHMARK-FIRST_NOTEBOOK}")
 PARALLEL=(0 1) SERIAL=()
 while IFS= read -r nb; do
   for ((i = FIRST_NOTEBOOK; i < FIRST_BENCHMARK; i++)); do
     [ "${ARG[$i]}" = "$nb" ] || continue
     if [ -n "${ALONE[$nb]:-}" ]; then SERIAL+=("$i"); else PARALLEL+=("$i"); fi
   done
-done < <(python tools/gpu_check_info.py order "${ARG[@]:FIRST_NOTEBOOK:FIRST_BENCHMARK-FIRST_NOTEBOOK}")
+done < <("$PY" tools/gpu_check_info.py order "${ARG[@]:FIRST_NOTEBOOK:FIRST_BENCHMARK-FIRST_NOTEBOOK}")
 for ((i = FIRST_BENCHMARK; i < ${#NAME[@]}; i++)); do
   if [ -n "$QUICK" ]; then PARALLEL+=("$i"); else SERIAL+=("$i"); fi
 done
