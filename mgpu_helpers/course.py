@@ -362,6 +362,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "all on CPU",
         helpers=(
             "exercises",
+            "hardware",
             "labels",
             "tuning",
         ),
@@ -378,6 +379,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "trials spread over GPUs",
         helpers=(
             "exercises",
+            "hardware",
             "labels",
             "processes",
             "tuning",
