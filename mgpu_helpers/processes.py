@@ -233,6 +233,34 @@ def remove_orphaned_temp_dirs(kind: str, folder: str | None = None) -> list[str]
     return removed
 
 
+#: glibc's ``mallopt`` parameter numbers (malloc.h).
+_MALLOPT = {"trim_threshold": -1, "mmap_threshold": -3, "arena_max": -8}
+
+
+def tune_malloc(*, trim: bool = False, **options: int) -> bool:
+    """In a child: set glibc malloc's ``options`` (``mmap_threshold``, ``trim_threshold``, ``arena_max``,
+    in bytes or arenas), then give the heap's free top back to the system if ``trim``. The one place
+    that talks to the C library's allocator: the launcher's children keep freed blocks for reuse
+    (:func:`mgpu_helpers.launching.server.keep_freed_memory`), the capped child makes address space
+    track memory in use (:mod:`mgpu_helpers.troubleshoot.capped_child`). Returns False, changing
+    nothing, where the C library has no ``mallopt`` (macOS, musl)."""
+    import ctypes
+
+    unknown = set(options) - set(_MALLOPT)
+    if unknown:
+        raise TypeError(f"tune_malloc: unknown option(s) {sorted(unknown)}; known: {sorted(_MALLOPT)}")
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    for name, value in options.items():
+        mallopt(_MALLOPT[name], int(value))
+    if trim:
+        malloc_trim(0)
+    return True
+
+
 def _find_prctl() -> Callable[..., int] | None:
     """libc's ``prctl``, looked up once in the parent (a forked child should not load libraries)."""
     if not sys.platform.startswith("linux"):

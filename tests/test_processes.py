@@ -282,3 +282,33 @@ def test_a_closed_watchdog_exits_and_stops_nothing():
         assert all(is_alive(p) for p in tree)
     finally:
         stop_processes([parent, *tree], grace_s=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt (Linux)")
+def test_tune_malloc_keeps_freed_blocks_as_the_launchers_children_do():
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from mgpu_helpers.processes import tune_malloc
+
+        def address_space():
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+        def kept_after_free():
+            before = address_space()
+            block = bytearray(32 * 2**20)  # malloc: mmap-ed by default, from the heap once tuned
+            del block
+            return address_space() - before
+
+        untuned = kept_after_free()
+        assert tune_malloc(mmap_threshold=256 * 2**20, trim_threshold=512 * 2**20)
+        print(untuned, kept_after_free())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    untuned, tuned = map(int, out.stdout.split())
+    assert untuned < 2**20, "by default a freed 32 MiB block goes back to the system at once"
+    assert tuned > 24 * 2**20, "tuned, the freed block stays in the heap for the next step to reuse"
+    with pytest.raises(TypeError, match="known: .*mmap_threshold"):
+        processes.tune_malloc(mmap_treshold=1)

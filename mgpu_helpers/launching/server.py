@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..processes import die_with_parent
+from ..processes import die_with_parent, tune_malloc
 
 __all__ = [
     "PRELOAD", "adopt", "context", "die_with", "keep_freed_memory", "no_main_import", "pack", "snapshot",
@@ -239,14 +239,8 @@ def keep_freed_memory() -> None:
     trim above 512 MiB) make the child reuse its memory as a long-running training process does. A no-op
     where the C library has no ``mallopt`` (macOS, musl).
     """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(-3, 256 * 2**20)  # M_MMAP_THRESHOLD (fixing it also stops glibc's dynamic adjustment)
-    mallopt(-1, 512 * 2**20)  # M_TRIM_THRESHOLD
+    # fixing the mmap threshold also stops glibc's dynamic adjustment of it
+    tune_malloc(mmap_threshold=256 * 2**20, trim_threshold=512 * 2**20)
 
 
 def die_with(state: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ words what happened to a child that did not return.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import math
 import os
@@ -37,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..processes import die_with_parent, stop_processes, temp_prefix
+from ..processes import die_with_parent, stop_processes, temp_prefix, tune_malloc
 
 __all__ = ["ChildResult", "run_with_memory_limit"]
 
@@ -120,13 +119,6 @@ def _address_space() -> int:
         return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _trim_heap() -> None:
-    """Give the free top of glibc's heap back (``malloc_trim``): less room for small allocations that
-    the cap does not see (they reuse mapped heap); nothing where the C library has no such call."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
 def _warm_up() -> None:
     """Map now, before the cap, what torch maps once and keeps (module docstring). Child only.
 
@@ -159,13 +151,13 @@ def _cap_address_space(limit_bytes: int) -> int:
     import mmap
     import resource
 
-    with contextlib.suppress(OSError, AttributeError):  # glibc's malloc, tuned so that address space
-        libc = ctypes.CDLL(None)  # tracks memory in use: one arena (a failed allocation would otherwise
-        libc.mallopt(-8, 1)  # reserve a fresh 64 MiB arena; M_ARENA_MAX) and every block >= 128 KiB
-        libc.mallopt(-3, 128 * 1024)  # mmap-ed, so that freeing it unmaps it (fixed M_MMAP_THRESHOLD)
+    # glibc's malloc, tuned so that address space tracks memory in use: one arena (a failed allocation
+    # would otherwise reserve a fresh 64 MiB one) and every block >= 128 KiB mmap-ed, so that freeing it
+    # unmaps it
+    tune_malloc(arena_max=1, mmap_threshold=128 * 1024)
     _warm_up()  # thread pools, libraries, the driver: mapped now, they do not count against the budget
     gc.collect()
-    _trim_heap()
+    tune_malloc(trim=True)  # the heap's free top back: less room the cap does not see
     baseline = _address_space()
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = baseline + int(limit_bytes)
