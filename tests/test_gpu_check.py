@@ -71,6 +71,7 @@ def _max_concurrency(timeline: pathlib.Path) -> int:
     return most
 
 
+@pytest.mark.slow  # ~17 s under CI's load (runs gpu_check.sh end to end): the slow set keeps it
 def test_an_offline_narrowed_gpu_check_installs_runs_in_parallel_skips_and_counts_failures(tmp_path):
     import nbformat
 

@@ -164,6 +164,7 @@ print("REPORT " + json.dumps(report))
 """
 
 
+@pytest.mark.slow  # three Ray clusters, ~24 s under CI's load: the slow set keeps it (CI's time budget)
 def test_rerunning_the_cluster_cells_in_any_order_never_aborts():
     proc, report = _run(RERUN_CELLS)
     output = proc.stdout[-3000:] + proc.stderr[-3000:]
