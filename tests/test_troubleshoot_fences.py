@@ -205,9 +205,11 @@ def test_the_budget_is_what_the_function_gets():
 @linux_only
 def test_a_thread_pool_started_under_the_cap_is_explained():
     wider = 2 * (os.cpu_count() or 1) + 8  # than the warm-up's pool (at most one thread per core)
-    result = run_with_memory_limit(start_a_wider_thread_pool, wider, limit_bytes=64 * MiB, timeout=120)
+    result = run_with_memory_limit(start_a_wider_thread_pool, wider, limit_bytes=64 * MiB, timeout=60)
     assert not result.ok and result.value is None
-    if result.stage == "":  # libgomp ends the process when it cannot start a thread
+    if result.stage == "" and "timed out" in str(result.error):  # torch 2.11's CUDA build: a hang
+        assert "starting threads under the cap" in result.explain(), result.explain()
+    elif result.stage == "":  # libgomp ends the process when it cannot start a thread
         assert "Thread creation failed" in result.stderr and result.exitcode == 1
         assert "could not start a thread" in result.explain()
     else:  # or the pool's stacks left too little for the tensor

@@ -104,7 +104,11 @@ class ChildResult:
                 "own, started before the cap) needs a larger limit_bytes."
             )
         elif "timed out" in err:
-            hint = " Pass a larger timeout= if the function needs longer."
+            hint = (
+                " Pass a larger timeout= if the function needs longer. A child that hangs instead may be "
+                "starting threads under the cap (torch 2.11's CUDA build waits for good when an OpenMP pool "
+                "wider than torch's own cannot start): fewer threads, or a larger limit_bytes."
+            )
         elif self.exitcode is not None and self.exitcode < 0:
             hint = " A signal ended it (SIGKILL from outside: often the operating system's OOM killer)."
         last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()][-1:]
