@@ -1,5 +1,7 @@
 """Reference solutions of notebook 01's exercises and typical wrong attempts (for tests/test_solutions.py)."""
 
+import copy
+
 import torch
 
 
@@ -95,8 +97,65 @@ def training_bytes_from_remembered_feedback(model, optimizer):
     return {"parameters": params, "gradients": grads, "optimizer": state}
 
 
+def whoami_from_the_graders_answer_key(env, gpus_per_node):
+    """The grader's own expected answer, imported instead of reading the environment."""
+    from mgpu_helpers.graders.nb01 import _expected
+
+    return _expected(env, gpus_per_node)
+
+
+def _one_step_on_a_copy(model, optimizer):
+    """A helper outside the graded function, so that grade()'s check of its names does not see deepcopy,
+    backward or step."""
+    twin = copy.deepcopy(model)
+    if isinstance(optimizer, torch.optim.SGD):
+        twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=optimizer.defaults["momentum"])
+    else:
+        twin_optimizer = type(optimizer)(twin.parameters())
+    first = next(twin.parameters())
+    twin(torch.zeros(1, first.shape[-1], dtype=first.dtype)).sum().backward()
+    twin_optimizer.step()
+    return twin, twin_optimizer
+
+
+def training_bytes_measured_on_a_copy(model, optimizer):
+    """Measures one real step on a copy of the model instead of predicting."""
+    twin, twin_optimizer = _one_step_on_a_copy(model, optimizer)
+    state = [v for s in twin_optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    grads = [p.grad for p in twin.parameters() if p.grad is not None]
+    return {
+        "parameters": sum(p.nbytes for p in twin.parameters()),
+        "gradients": sum(g.nbytes for g in grads),
+        "optimizer": sum(t.nbytes for t in state),
+    }
+
+
 #: Work that gets the right answers without doing the exercise; each grader must reject it.
 SHORTCUTS = {
-    "01.1": {"hardcoded_two_processes_per_node": (whoami_for_two_processes_per_node,)},
-    "01.2": {"table_of_remembered_feedback": (training_bytes_from_remembered_feedback,)},
+    "01.1": {
+        "hardcoded_two_processes_per_node": (whoami_for_two_processes_per_node,),
+        "graders_answer_key": (whoami_from_the_graders_answer_key,),
+    },
+    "01.2": {
+        "table_of_remembered_feedback": (training_bytes_from_remembered_feedback,),
+        "one_real_step_on_a_copy": (training_bytes_measured_on_a_copy,),
+    },
 }
+
+
+def training_bytes_per_group(model, optimizer):
+    """Another right answer: walks the optimizer's parameter groups and tells Adam-like optimizers by their
+    betas."""
+    out = {"parameters": sum(p.nbytes for p in model.parameters()), "gradients": 0, "optimizer": 0}
+    for group in optimizer.param_groups:
+        for p in (p for p in group["params"] if p.requires_grad):
+            out["gradients"] += p.nbytes
+            if "betas" in group:
+                out["optimizer"] += 2 * p.nbytes + 4  # exp_avg, exp_avg_sq, float32 step
+            elif group.get("momentum"):
+                out["optimizer"] += p.nbytes  # momentum_buffer
+    return out
+
+
+#: Other right answers the graders must accept.
+VARIANTS = {"01.2": {"per_parameter_group": (training_bytes_per_group,)}}

@@ -2,24 +2,28 @@
 and ``training_bytes(model, optimizer)`` checked against the memory tracker (01.2).
 
 **01.1.** The student's function is written (its source, as in the notebook) into a small worker
-script, and :func:`mgpu_helpers.launching.run_torchrun` starts a real 2-node × 2-process job on
-127.0.0.1. Every rank calls the function with ``os.environ`` and 0, 1, 2 and 4 GPUs per node and prints
+script, and :func:`mgpu_helpers.launching.run_torchrun` starts a real job of 2 nodes × 2 processes each
+on 127.0.0.1. Every rank calls the function with ``os.environ`` and 0, 1, 2 and 4 GPUs per node and prints
 its answers; each is compared with what torchrun itself said about that rank (``RANK``, ``LOCAL_RANK``,
 ``GROUP_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) and with the node the grader started it on. The
 worker imports torch only if the function mentions it, so the job takes a few seconds. Then the function
-is called here with the environment a larger job (3 nodes × 8 processes) would give some of its ranks, so
-that an answer written for the 2 × 2 job alone (``rank // 2``, ``cuda:{rank % 2}``) is refused.
+is called here with the environment a larger job (3 nodes × 8 processes each, 24 ranks) would give some of
+its ranks, so that an answer written for the 2 × 2 job alone (``rank // 2``, ``cuda:{rank % 2}``) is
+refused, and so is one that reaches for this grader's own ``_expected`` (its answer key).
 
 **01.2.** For a few real models and optimizers (fp32 and fp64, SGD with and without momentum, Adam and
 AdamW, a frozen layer) the student's prediction, made before the first step, is compared with what
 :class:`mgpu_helpers.memory.MemoryTracker` measures after one real ``backward()`` and ``step()``. The layer
-widths are drawn anew at every grading, so numbers copied from earlier feedback do not fit.
+widths are drawn anew at every grading, so numbers copied from earlier feedback do not fit; and a function
+that measures instead of predicting (one real step on a copy of the model, however it is reached) is
+refused: while it runs, no optimizer ``step``, autograd ``backward``/``grad`` or memory tracker may run.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import pathlib
 import random
 import tempfile
 import textwrap
@@ -29,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 from ..launching import RESULT_PREFIX, TorchrunError, run_torchrun
 from ..memory import MemoryTracker
 
@@ -41,7 +45,7 @@ _LARGER_JOB, _LARGER_RANKS, _LARGER_GPUS = (3, 8), (0, 13, 23), (0, 4, 8)
 
 
 def _larger_job_env(rank: int) -> dict[str, str]:
-    """The torchrun variables of ``rank`` in a 3-node × 8-process job (the rest of os.environ kept)."""
+    """The torchrun variables of ``rank`` in a job of 3 nodes × 8 processes each (rest of os.environ kept)."""
     nnodes, nproc = _LARGER_JOB
     node, local = divmod(rank, nproc)
     numbers = {
@@ -122,6 +126,7 @@ def _compare(answer: Any, env: dict[str, str], gpus: int) -> None:
     "who am I in a torchrun job",
     hint="torchrun describes each process in environment variables (section 5's table); the GPU index "
     "counts within a node, and NCCL needs a GPU for every process on the node",
+    forbid=("_expected", "_compare"),  # this grader's answer key
 )
 def _grade_whoami(whoami: Callable[[Any, int], dict[str, Any]]) -> str:
     source = _source(whoami)
@@ -172,11 +177,11 @@ def _grade_whoami(whoami: Callable[[Any, int], dict[str, Any]]) -> str:
             try:
                 _compare(answer, env, gpus)
             except Wrong as exc:
-                raise Wrong(f"in a larger job ({nnodes} nodes × {nproc} processes), {exc}") from None
+                raise Wrong(f"in a larger job ({nnodes} nodes × {nproc} processes each), {exc}") from None
     return (
-        f"all {_NNODES * _NPROC} ranks of a real {_NNODES}-node × {_NPROC}-process torchrun job answered "
-        f"right with {', '.join(map(str, _GPU_COUNTS))} GPUs per node, and so did ranks of a "
-        f"{nnodes} × {nproc} job."
+        f"all {_NNODES * _NPROC} ranks of a real torchrun job of {_NNODES} nodes × {_NPROC} processes each "
+        f"answered right with {', '.join(map(str, _GPU_COUNTS))} GPUs per node, and so did ranks of a job of "
+        f"{nnodes} nodes × {nproc} processes each ({nnodes * nproc} ranks)."
     )
 
 
@@ -223,6 +228,21 @@ def _cases() -> list[tuple[str, nn.Module, Callable[[list[nn.Parameter]], torch.
     ]
 
 
+_TORCH = pathlib.Path(torch.__file__).parent
+#: Folder → functions in it that measure instead of predicting (the tracker: any of its functions).
+_MEASURING = {
+    _TORCH / "optim": ("step",),
+    _TORCH / "autograd": ("backward", "grad"),
+    pathlib.Path(__file__).parent.parent / "memory": None,
+}
+
+
+def _measures(code: Any) -> bool:
+    """An optimizer step, an autograd backward pass or the memory tracker: measuring, not predicting."""
+    folder = pathlib.Path(code.co_filename).parent
+    return folder in _MEASURING and (_MEASURING[folder] is None or code.co_name in _MEASURING[folder])
+
+
 def _measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes per category after one real backward and step (gradients not yet zeroed)."""
     first = next(iter(model.parameters()))
@@ -246,7 +266,12 @@ def _grade_training_bytes(training_bytes: Callable[[nn.Module, torch.optim.Optim
     for what, model, make_optimizer in _cases():
         optimizer = make_optimizer(list(model.parameters()))
         before = [p.detach().clone() for p in model.parameters()]
-        predicted = training_bytes(model, optimizer)
+        predicted, measuring = calls_during(training_bytes, _measures, model, optimizer)
+        if measuring:
+            raise Wrong(
+                f"for {what} your function ran {measuring[0].co_name}() (a training step or the tracker) to "
+                "measure the bytes: predict them from the parameters and the optimizer instead."
+            )
         if any(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True)):
             raise Wrong(f"for {what} your function changed the weights: predict, do not train.")
         if not isinstance(predicted, dict):

@@ -6,10 +6,15 @@ Each rank counts the collectives the student's code calls (the module functions 
 ``torch.distributed`` and ``torch.distributed.distributed_c10d`` are wrapped for the duration of the
 call). 01b.2 runs with a 3-second collective
 timeout, so a send/recv order in which every rank waits fails in seconds with a clear message.
+
+Each grading draws fresh tensor values (a seed from ``os.urandom``), so this module's case builders are
+no answer key; and 01b.1's first two cases give ranks 0 and 1 the same sizes but a different total, so a
+rank cannot tell the total count from its own sizes: the count has to travel in the all-reduce.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -76,13 +81,19 @@ def _run(worker: Callable[..., Any], *args: Any, collective_timeout_s: float) ->
     return run_ranks(worker, _NPROCS, *args, collective_timeout_s=collective_timeout_s)
 
 
+def _fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
 # --- 01b.1: the global mean ---------------------------------------------------------------------------
 
-_SIZES = ((5, 1, 3), (2, 2, 2))  # uneven first: a mean of means is wrong there
+# Uneven first (a mean of means is wrong there); ranks 0 and 1 hold 5 and 1 elements in both of the
+# first two cases, whose totals differ (9, 12): only the all-reduce can tell them the count.
+_SIZES = ((5, 1, 3), (5, 1, 6), (2, 2, 2))
 
 
-def _data(sizes: tuple[int, ...], rank: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(7 + 10 * rank + sum(sizes))
+def _data(sizes: tuple[int, ...], rank: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + 10 * rank + sum(sizes))
     return torch.randn(sizes[rank], dtype=torch.float64, generator=gen) + rank
 
 
@@ -95,10 +106,12 @@ def _number(result: Any) -> float | None:
     return None
 
 
-def _mean_rank(rank: int, world_size: int, global_mean: Callable[[torch.Tensor], Any]) -> list[Any]:
+def _mean_rank(
+    rank: int, world_size: int, global_mean: Callable[[torch.Tensor], Any], seed: int
+) -> list[Any]:
     out = []
     for sizes in _SIZES:
-        x = _data(sizes, rank)
+        x = _data(sizes, rank, seed)
         before = x.clone()
         calls: list[str] = []
         undo = _counting(calls)
@@ -122,8 +135,8 @@ def _close(value: float, expected: float) -> bool:
     return abs(value - expected) <= 1e-6 * max(abs(expected), 1.0)
 
 
-def _expected_mean(sizes: tuple[int, ...]) -> float:
-    return torch.cat([_data(sizes, r) for r in range(_NPROCS)]).mean().item()
+def _expected_mean(sizes: tuple[int, ...], seed: int) -> float:
+    return torch.cat([_data(sizes, r, seed) for r in range(_NPROCS)]).mean().item()
 
 
 @exercise(
@@ -133,16 +146,19 @@ def _expected_mean(sizes: tuple[int, ...]) -> float:
     "What else would every rank need to know, and can it travel in the same all-reduce?",
 )
 def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
-    """3 gloo ranks, 5/1/3 then 2/2/2 elements; every rank's answer against the mean of all elements."""
+    """3 gloo ranks, 5/1/3, 5/1/6 then 2/2/2 elements of fresh values; every rank's answer against the
+    mean of all elements."""
     if not callable(global_mean):
         raise Wrong(f"pass the function global_mean itself, not {type(global_mean).__name__}")
-    ranks = _run(_mean_rank, global_mean, collective_timeout_s=10.0)
+    seed = _fresh_seed()
+    ranks = _run(_mean_rank, global_mean, seed, collective_timeout_s=10.0)
+    means = [_expected_mean(sizes, seed) for sizes in _SIZES]
     right = [
-        all(r[i]["value"] is not None and _close(r[i]["value"], _expected_mean(sizes)) for r in ranks)
-        for i, sizes in enumerate(_SIZES)
+        all(r[i]["value"] is not None and _close(r[i]["value"], means[i]) for r in ranks)
+        for i in range(len(_SIZES))
     ]
     for i, sizes in enumerate(_SIZES):
-        expected = _expected_mean(sizes)
+        expected = means[i]
         for rank, results in enumerate(ranks):
             r = results[i]
             if r["value"] is None:
@@ -160,7 +176,7 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
                     f"rank {rank}'s x changed during your call; the caller's tensor must stay as it was."
                 )
             if not _close(r["value"], expected):
-                also = " (with 2 elements on every rank your answer was right)" if i == 0 and right[1] else ""
+                also = " (with 2 elements on every rank your answer was right)" if i < 2 and right[2] else ""
                 diff = abs(r["value"] - expected)
                 small = (
                     " A difference this small looks like rounding: are your sum and count float64, like x?"
@@ -173,7 +189,7 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
                     f"(off by {diff:.3g}).{small}"
                 )
     return (
-        "on 3 real gloo processes every rank returned the mean of all elements, with 5/1/3 and with 2/2/2 "
+        "on 3 real gloo processes every rank returned the mean of all elements, with 5/1/3, 5/1/6 and 2/2/2 "
         "elements per rank, using one all_reduce and leaving x unchanged."
     )
 
@@ -181,19 +197,21 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
 # --- 01b.2: the ring shift -----------------------------------------------------------------------------
 
 
-def _shift_data(rank: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(100 + rank)
+def _shift_data(rank: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed + 100 + rank)
     return [
         torch.randn(1000, dtype=torch.float64, generator=gen),
         torch.randint(-50, 50, (2, 3), generator=gen),
     ]
 
 
-def _shift_rank(rank: int, world_size: int, ring_shift: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+def _shift_rank(
+    rank: int, world_size: int, ring_shift: Callable[[torch.Tensor], Any], seed: int
+) -> dict[str, Any]:
     calls: list[str] = []
     undo = _counting(calls)
     try:
-        got = [ring_shift(x.clone()) for x in _shift_data(rank)]
+        got = [ring_shift(x.clone()) for x in _shift_data(rank, seed)]
     finally:
         undo()
     return {"got": [g.detach().clone() if isinstance(g, torch.Tensor) else g for g in got], "calls": calls}
@@ -206,10 +224,12 @@ def _shift_rank(rank: int, world_size: int, ring_shift: Callable[[torch.Tensor],
     "at that moment for it to return?",
 )
 def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
-    """3 gloo ranks, a float64 (1000,) and an int64 (2, 3) tensor; each rank must get its left neighbour's."""
+    """3 gloo ranks, a float64 (1000,) and an int64 (2, 3) tensor of fresh values; each rank must get its
+    left neighbour's."""
     if not callable(ring_shift):
         raise Wrong(f"pass the function ring_shift itself, not {type(ring_shift).__name__}")
-    ranks = _run(_shift_rank, ring_shift, collective_timeout_s=3.0)
+    seed = _fresh_seed()
+    ranks = _run(_shift_rank, ring_shift, seed, collective_timeout_s=3.0)
     for rank, out in enumerate(ranks):
         if out["calls"]:
             raise Wrong(
@@ -217,7 +237,7 @@ def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
                 "the tensor with point-to-point calls only."
             )
         left = (rank - 1) % _NPROCS
-        for got, sent, mine in zip(out["got"], _shift_data(left), _shift_data(rank), strict=True):
+        for got, sent, mine in zip(out["got"], _shift_data(left, seed), _shift_data(rank, seed), strict=True):
             what = f"the {sent.dtype} tensor of shape {tuple(sent.shape)}"
             if not isinstance(got, torch.Tensor):
                 raise Wrong(f"for {what} rank {rank} returned a {type(got).__name__}, not a tensor.")
@@ -228,7 +248,7 @@ def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
                 )
             if not torch.equal(got, sent):
                 k = 0 if sent.dim() == 1 else 1
-                source = [q for q in range(_NPROCS) if torch.equal(got, _shift_data(q)[k])]
+                source = [q for q in range(_NPROCS) if torch.equal(got, _shift_data(q, seed)[k])]
                 said = f"rank {source[0]}'s tensor" if source else "a tensor that no rank sent"
                 if torch.equal(got, mine):
                     said = "its own tensor"
