@@ -4,8 +4,10 @@ student's function for real."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -55,7 +57,7 @@ def _spread(seen: list[dict[str, Any]]) -> list[str]:
             continue
         low, high = args
         x = np.array(values, dtype=float)
-        if x.min() < low or x.max() > high:
+        if x.min() < low * (1 - 1e-9) or x.max() > high * (1 + 1e-9):  # 10.0 ** -5 < 1e-5 by one ulp
             raise Wrong(
                 f"'{name}' ranges over [{low}, {high}]; your draws go from {x.min():.3g} to {x.max():.3g}."
             )
@@ -81,6 +83,35 @@ def _spread(seen: list[dict[str, Any]]) -> list[str]:
     return summary
 
 
+class _StudyCreated(BaseException):
+    """Raised (past any ``except Exception`` in the student's code) when an Optuna study is created."""
+
+
+@contextlib.contextmanager
+def _without_optuna_studies() -> Iterator[None]:
+    """Refuse Optuna studies while 06a.1 runs: its sampler is the exercise (Optuna is imported by then)."""
+    optuna = sys.modules.get("optuna")
+    if optuna is None:
+        yield
+        return
+    study_class = optuna.study.Study
+    original = study_class.__init__
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise _StudyCreated
+
+    study_class.__init__ = refuse
+    try:
+        yield
+    except _StudyCreated:
+        raise Wrong(
+            "your random_search created an Optuna study: this exercise is the sampler itself. Draw each "
+            "configuration yourself from np.random.default_rng(seed)."
+        ) from None
+    finally:
+        study_class.__init__ = original
+
+
 @exercise(
     "06a.1",
     "random search over a described space",
@@ -103,7 +134,8 @@ def grade_random_search(random_search: Callable[..., Any]) -> str:
         return objective
 
     seen: list[tuple[dict[str, Any], float]] = []
-    best = random_search(recorder(seen), _SPACE, 600, 0)
+    with _without_optuna_studies():
+        best = random_search(recorder(seen), _SPACE, 600, 0)
     if len(seen) != 600:
         raise Wrong(f"with n_trials=600 the objective was called {len(seen)} times.")
     summary = _spread([c for c, _ in seen])
@@ -153,14 +185,23 @@ def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
 
     from ..tuning import TrialRun
 
+    class Watched(optuna.pruners.BasePruner):  # ASHA, noting every question and its answer
+        def __init__(self) -> None:
+            self.inner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2)
+            self.asked: dict[int, list[tuple[int | None, bool]]] = {}
+
+        def prune(self, study: Any, trial: Any) -> bool:
+            decision = bool(self.inner.prune(study, trial))
+            self.asked.setdefault(trial.number, []).append((trial.last_step, decision))
+            return decision
+
     max_t, n_trials = 4, 10
+    pruner = Watched()
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.create_study(
-            direction="maximize",
-            sampler=optuna.samplers.RandomSampler(seed=0),
-            pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
+            direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0), pruner=pruner
         )
         study.optimize(lambda t: pruned_objective(t, max_t), n_trials=1, catch=())
         if not study.trials[0].intermediate_values:  # say so after one training, not ten
@@ -194,6 +235,23 @@ def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
             range(len(steps[t.number]))
         ):
             raise Wrong(f"trial {t.number} reported at steps {steps[t.number]}; report once per epoch.")
+    for t in trials:
+        asked = pruner.asked.get(t.number, [])
+        after = {step for step, _ in asked}
+        unasked = [s for s in steps[t.number][:-1] if s not in after]
+        if unasked:
+            raise Wrong(
+                f"trial {t.number} trained on after reporting step {unasked[0]} without asking the pruner "
+                "(trial.should_prune()), so ASHA could not stop it there."
+            )
+        stops = [step for step, decision in asked if decision]
+        if stops and (stops[0] != steps[t.number][-1] or t.state != optuna.trial.TrialState.PRUNED):
+            raise Wrong(
+                f"the pruner said stop to trial {t.number} after step {stops[0]}, but it reported up to step "
+                f"{steps[t.number][-1]} and ended {t.state.name}: stop it at once, the way Optuna expects."
+            )
+        if t.state == optuna.trial.TrialState.PRUNED and not stops:
+            raise Wrong(f"trial {t.number} ended pruned although the pruner never said so: let ASHA decide.")
     if not pruned:
         raise Wrong(
             f"none of {n_trials} trials was pruned, although this ASHA pruner stops about half of the trials "
