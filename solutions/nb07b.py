@@ -1,10 +1,13 @@
 """Reference solutions of notebook 07b's exercises and typical wrong attempts (tests/test_solutions.py)."""
 
 import faulthandler
+import inspect
 import linecache
 import re
+import sys
 import tempfile
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -59,5 +62,51 @@ def stuck_at_outermost(fn, after_s):
     return linecache.getline(path, line).strip()
 
 
+def stuck_at_in_a_thread(fn, after_s):
+    """Also right: run fn in a thread and read that thread's frame from here after after_s seconds."""
+    worker = threading.Thread(target=fn)
+    worker.start()
+    worker.join(after_s)
+    if not worker.is_alive():
+        return None
+    frame = sys._current_frames()[worker.ident]
+    while frame is not None and frame.f_code.co_filename != fn.__code__.co_filename:
+        frame = frame.f_back
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    worker.join()
+    return line
+
+
+# The grader's known cases as an answer key: the losses it used to test with, and the functions and
+# "# stuck here" lines it used to block at.
+_KNOWN_LOSSES = ([[0.5, 1.5], [2.5, 3.5]], [[1.0, 2.0, 3.0], [4.0, 5.0]])
+
+
+def global_mean_loss_from_known_cases(rank, world_size, losses_per_rank):
+    """No collective: recognises its own list among the grader's cases and returns that case's mean."""
+    mine = losses_per_rank[rank]
+    for case in _KNOWN_LOSSES:
+        if case[rank] == mine:
+            flat = [v for losses in case for v in losses]
+            return sum(flat) / len(flat)
+    return sum(mine) / len(mine)
+
+
+def stuck_at_from_known_lines(fn, after_s):
+    """No stack read: times fn, then returns the grader's "# stuck here" line that fn's name points to."""
+    start = time.monotonic()
+    fn()
+    if time.monotonic() - start < after_s:
+        return None
+    lines, _ = inspect.findsource(fn)  # the whole file of fn
+    marked = [ln.strip() for ln in lines if "# stuck here" in ln] or [None, None]
+    return marked[0] if fn.__name__ == "_sleepy" else marked[-1]
+
+
 SOLUTIONS = {"07b.1": (global_mean_loss,), "07b.2": (stuck_at,)}
 WRONG = {"07b.1": (global_mean_loss_of_means,), "07b.2": (stuck_at_outermost,)}
+VARIANTS = {"07b.2": {"reads_a_threads_frame": (stuck_at_in_a_thread,)}}
+SHORTCUTS = {
+    "07b.1": {"answer_key_of_known_losses": (global_mean_loss_from_known_cases,)},
+    "07b.2": {"answer_key_of_known_lines": (stuck_at_from_known_lines,)},
+}

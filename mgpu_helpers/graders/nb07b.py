@@ -3,26 +3,37 @@ different numbers of batches (07b.1), and a function that finds where a running 
 
 07b.1 runs the student's function on 2 real gloo processes (:func:`mgpu_helpers.launching.launch`)
 with a 2-second collective timeout, so an attempt that still hangs fails within seconds, and compares
-every rank's answer with the mean computed here. 07b.2 calls the student's function on functions defined
-in this module that block at known lines (a sleep, an event wait, both nested a few calls deep) and on
-one that returns at once.
+every rank's answer with the mean computed here. The losses are drawn anew for each run, so no table of
+answers fits them. 07b.2 calls the student's function on functions that it writes to a fresh file for
+each run (random names and filler, so the blocked lines are not known in advance): one blocks in a
+sleep two calls deep, one in an event wait, and one returns at once.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
-import threading
+import random
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ..exercises import Wrong, exercise
 from ..launching import LaunchError, launch
 from ..troubleshoot import diagnose
 
 _TIMEOUT_S = 2.0
-#: Per-rank losses: rank 0 has three batches, rank 1 two (what an uneven split of a dataset gives).
-_UNEVEN = [[1.0, 2.0, 3.0], [4.0, 5.0]]
-_EVEN = [[0.5, 1.5], [2.5, 3.5]]
+
+
+def _draw_losses(rng: random.Random, sizes: tuple[int, int]) -> list[list[float]]:
+    """Per-rank losses with ``sizes`` batches each and clearly different per-rank means (so the mean of
+    the ranks' means is not the mean of all losses when the sizes differ)."""
+    while True:
+        losses = [[round(rng.uniform(0.1, 4.0), 2) for _ in range(n)] for n in sizes]
+        means = [sum(rank) / len(rank) for rank in losses]
+        if abs(means[0] - means[1]) > 0.5:
+            return losses
 
 
 def _own_losses_only(rank: int, world_size: int, fn: Callable[..., object], losses: list) -> object:
@@ -62,7 +73,9 @@ def _run(fn: Callable[..., object], losses: list[list[float]]) -> list[object]:
     "shape — whatever its own number of batches. Reduce what the ranks have in common, not per batch.",
 )
 def _grade_hang(global_mean_loss: Callable[..., object]) -> str:
-    for losses in (_EVEN, _UNEVEN):
+    rng = random.Random()
+    n = rng.randint(2, 3)
+    for losses in (_draw_losses(rng, (n, n)), _draw_losses(rng, (n + 1, n))):  # even, then uneven
         results = _run(global_mean_loss, losses)
         flat = [v for rank in losses for v in rank]
         want = sum(flat) / len(flat)
@@ -83,31 +96,53 @@ def _grade_hang(global_mean_loss: Callable[..., object]) -> str:
 
 # -------------------------------------------------------------------------------- 07b.2's stuck functions
 _STUCK_S = 0.8
+#: Written to a fresh file for each run. ``{x}`` is a random name suffix, ``{n}`` a random number: what
+#: the file's lines say (and where they are) differs from run to run.
+_CASES = """import threading
+import time
 
 
-def _sleepy_inner() -> None:
-    time.sleep(_STUCK_S)  # stuck here (1)
+def outer_{x}():
+    total = sum(range({n}))
+    time.sleep(0)
+    return middle_{x}(total)
 
 
-def _sleepy() -> str:
-    _sleepy_inner()
-    return "done"
+def middle_{x}(total):
+    steps = [total] * {n}
+    inner_{x}(steps)
+    return len(steps)
 
 
-def _waits_for_event() -> None:
+def inner_{x}(steps):
+    steps.append({n})
+    time.sleep({stuck_s} + {n} / 1e6)
+    steps.pop()
+
+
+def waits_{x}():
     never_set = threading.Event()
-    never_set.wait(_STUCK_S)  # stuck here (2)
+    never_set.wait(0)
+    never_set.wait({stuck_s} + {n} / 1e6)
+    return never_set.is_set()
 
 
-def _quick() -> int:
-    return sum(range(10))
+def quick_{x}():
+    return sum(range({n}))
+"""
 
 
-def _source_line(fn: Callable[..., object], marker: str) -> str:
-    import inspect
-
-    lines, _ = inspect.getsourcelines(fn)
-    return next(ln.strip() for ln in lines if marker in ln)
+def _write_cases(folder: str) -> tuple[dict[str, Callable[[], object]], list[str]]:
+    """This run's functions, imported from a new file in ``folder``, and the file's lines."""
+    x, n = f"{random.getrandbits(32):08x}", random.randint(3, 99)
+    source = _CASES.format(x=x, n=n, stuck_s=_STUCK_S)
+    path = Path(folder) / f"stuck_{x}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"_mgpu_07b_stuck_{x}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = ("outer", "waits", "quick")
+    return {name: getattr(module, f"{name}_{x}") for name in names}, source.splitlines()
 
 
 @exercise(
@@ -117,19 +152,19 @@ def _source_line(fn: Callable[..., object], marker: str) -> str:
     "stack after after_s seconds (§4.2), and must not fire once fn has returned.",
 )
 def _grade_stuck(stuck_at: Callable[[Callable[[], object], float], object]) -> str:
-    cases = (
-        (_sleepy, _source_line(_sleepy_inner, "stuck here (1)")),
-        (_waits_for_event, _source_line(_waits_for_event, "stuck here (2)")),
-    )
-    for fn, want in cases:
-        start = time.monotonic()
-        got = stuck_at(fn, 0.25)
-        if time.monotonic() - start < 0.9 * _STUCK_S:
-            raise Wrong(f"stuck_at returned after {time.monotonic() - start:.2f} s, before fn had finished.")
-        if not isinstance(got, str) or got.strip() != want:
-            raise Wrong(f"for a function blocked at `{want}` it returned {got!r}.")
-    got = stuck_at(_quick, 0.25)
-    if got is not None:
-        raise Wrong(f"for a function that returns at once it returned {got!r} instead of None.")
-    time.sleep(0.35)  # a dump left armed would fire now; nothing may break
+    with tempfile.TemporaryDirectory(prefix="mgpu-07b-") as folder:
+        fns, lines = _write_cases(folder)
+        blocked = [ln.strip() for ln in lines if f"{_STUCK_S} +" in ln]  # the sleep, then the wait
+        for fn, want in zip((fns["outer"], fns["waits"]), blocked, strict=True):
+            start = time.monotonic()
+            got = stuck_at(fn, 0.25)
+            took = time.monotonic() - start
+            if took < 0.9 * _STUCK_S:
+                raise Wrong(f"stuck_at returned after {took:.2f} s, before fn had finished.")
+            if not isinstance(got, str) or got.strip() != want:
+                raise Wrong(f"for a function blocked at `{want}` it returned {got!r}.")
+        got = stuck_at(fns["quick"], 0.25)
+        if got is not None:
+            raise Wrong(f"for a function that returns at once it returned {got!r} instead of None.")
+        time.sleep(0.35)  # a dump left armed would fire now; nothing may break
     return "named the blocked line of a sleep and an event wait, and None for a quick call"
