@@ -233,7 +233,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "virtual devices, memory simulated; threads and loaders measured",
         "virtual devices, memory simulated; loader sweep adds pin_memory",
         "real nn.DataParallel, memory measured",
-        helpers=("data_parallel", "exercises", "hardware", "labels", "memory", "models"),
+        helpers=("data_parallel", "exercises", "hardware", "labels", "models"),
     ),
     Notebook(
         "04a",
@@ -414,7 +414,6 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "same, plus a device-side assert in a child process",
         "same as 1 GPU (the hang demos stay on gloo)",
         helpers=(
-            "ddp",
             "exercises",
             "hardware",
             "labels",

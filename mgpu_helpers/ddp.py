@@ -1,5 +1,5 @@
-"""Used by notebooks 04b (DDP in practice), 04d (fault tolerance: its `!torchrun` cells), 07b (errors
-and hangs: it captures gloo's native log lines) and 07c (the profiler's), and by ``benchmarks/ddp.py``:
+"""Used by notebooks 04b (DDP in practice: it captures the reducer's native log lines), 04d (fault
+tolerance: its `!torchrun` cells) and 07c (the profiler's log lines), and by ``benchmarks/ddp.py``:
 the plumbing around DDP jobs that would only distract in the notebook.
 
 The concepts — the training script, the sampler, the scaling measurement, the unused-parameter error —

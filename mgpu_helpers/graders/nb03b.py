@@ -8,19 +8,24 @@ student's ``parallel_cross_entropy(outputs, targets, device_ids)``. A float64 ba
 unevenly. The loss
 and the gradients must equal the plain step's, and device 0's peak memory (simulated by the tracker on
 virtual devices, measured with ``torch.cuda.max_memory_allocated`` on GPUs) must drop well below the
-plain step's, because no full-size output may be gathered there.
+plain step's and stay near the other devices' peaks, because no output, whole or in pieces, may be brought
+there. The package's own ``DataParallelCriterion`` is refused under any name.
 
 03b.2 calls the student's ``loader_speed(dataset, num_workers, batch_size, n_batches)`` on a dataset
-whose items each wait a known time (:class:`~mgpu_helpers.data_parallel.SlowDataset`), with 0 and 2
-workers, and checks the returned ``(seconds to the first batch, batches per second after it)`` against
-what that waiting allows: no faster than the waits permit, the first batch no sooner than its own
-items' waits, and two workers clearly faster than none (waiting overlaps across processes even on a
-busy machine).
+whose items each wait a known time (:class:`~mgpu_helpers.data_parallel.SlowDataset`; the first item
+in each process waits longer, a start-up cost), with 0 and 2 workers, and checks the returned
+``(seconds to the first batch, batches per second after it)`` against what that waiting allows: no
+faster than the waits permit, the first batch no sooner than its own items' waits, and two workers
+clearly faster than none (waiting overlaps across processes even on a busy machine). The two returned
+times must fit inside the call's own duration: numbers computed from the dataset's settings, or a rate
+whose clock also ran while the first batch loaded, do not.
 """
 
 from __future__ import annotations
 
 import numbers
+import os
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..exercises import Wrong, exercise
+from ..data_parallel import SlowDataset
+from ..exercises import Wrong, calls_during, exercise
 
 # --- 03b.1: the parallel criterion ----------------------------------------------------------------
 
@@ -44,7 +50,7 @@ from ..exercises import Wrong, exercise
 )
 def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
     """One step plain vs with the student's criterion: same loss and gradients, smaller device-0 peak."""
-    from ..data_parallel import backend, chunk_sizes
+    from ..data_parallel import DataParallelCriterion, backend, chunk_sizes
     from ..models import LargeOutputModel
 
     b = backend()
@@ -64,7 +70,12 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
 
     def yours() -> Tensor:
         outputs = b.DataParallelModel(model, ids)(b.to(x, 0))
-        loss = parallel_cross_entropy(outputs, b.to(y, 0), ids)
+        ready_made = DataParallelCriterion.forward.__code__
+        loss, used = calls_during(parallel_cross_entropy, ready_made.__eq__, outputs, b.to(y, 0), ids)
+        if used:
+            raise Wrong(
+                "your code runs the package's DataParallelCriterion, under another name: write it yourself."
+            )
         got["where"] = b.where(loss) if isinstance(loss, Tensor) else None
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
@@ -97,6 +108,13 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
             f"against {plain_peaks[first] / 2**20:.2f} MiB "
             "for plain DataParallel: something as large as the whole batch's output still reached device 0."
         )
+    others = max(v for d, v in peaks.items() if d != first)
+    output_bytes = len(y) * 4_000 * x.element_size()  # the whole batch's logits
+    if peaks[first] > others + output_bytes / 2:
+        raise Wrong(
+            f"device 0 peaked at {peaks[first] / 2**20:.2f} MiB and the other devices at most at "
+            f"{others / 2**20:.2f} MiB: pieces of the other devices' outputs were brought to device 0."
+        )
     return (
         f"on {len(ids)} {b.kind} (batch 127 split {split}): "
         "the loss and gradients equal plain DataParallel's, "
@@ -106,7 +124,19 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
 
 # --- 03b.2: timing a DataLoader ------------------------------------------------------------------------
 
-_IO_MS, _BATCH, _N = 3.0, 4, 12
+_IO_MS, _BATCH, _N, _START_MS = 3.0, 4, 12, 30.0
+
+
+class _SlowStart(SlowDataset):
+    """A :class:`SlowDataset` whose first item in each process waits ``_START_MS`` more (opening a file,
+    say): a start-up cost that a rate timed over the first batch too cannot hide."""
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        started = vars(self).setdefault("started", set())
+        if os.getpid() not in started:
+            started.add(os.getpid())
+            time.sleep(_START_MS / 1000)
+        return super().__getitem__(index)
 
 
 def _checked_pair(result: Any, workers: int) -> tuple[float, float]:
@@ -130,14 +160,21 @@ def _checked_pair(result: Any, workers: int) -> tuple[float, float]:
 )
 def grade_loader_speed(loader_speed: Callable[..., Any]) -> str:
     """0 and 2 workers on a dataset that waits 3 ms per item: bounds from the waits, and overlap."""
-    from ..data_parallel import SlowDataset
-
-    dataset = SlowDataset((_N + 1) * _BATCH, image_size=4, io_ms=_IO_MS)
+    dataset = _SlowStart((_N + 1) * _BATCH, image_size=4, io_ms=_IO_MS)
     wait = _BATCH * _IO_MS / 1000  # every batch waits at least this long in one process
     ceiling = 1 / wait
     results = {}
     for workers in (0, 2):
-        first, rate = _checked_pair(loader_speed(dataset, workers, _BATCH, _N), workers)
+        start = time.perf_counter()
+        result = loader_speed(dataset, workers, _BATCH, _N)
+        ran = time.perf_counter() - start
+        first, rate = _checked_pair(result, workers)
+        if rate > 0 and first + (_N - 1) / rate > 1.02 * ran + 0.005:  # slack for a different clock
+            raise Wrong(
+                f"with num_workers={workers}, the first batch ({first * 1e3:.0f} ms) plus {_N - 1} batches "
+                f"at {rate:,.1f}/s make {(first + (_N - 1) / rate) * 1e3:.0f} ms, but loader_speed returned "
+                f"after {ran * 1e3:.0f} ms: measure both, one after the other, during the call."
+            )
         if first < 0.8 * wait:
             raise Wrong(
                 f"with num_workers={workers}, the first batch came after {first * 1e3:.1f} ms, but its "

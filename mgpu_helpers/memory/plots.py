@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 03b, 05b and 07a (07a through the memory panel): memory plots — a stacked timeline
+"""Used by notebooks 01, 05b and 07a (07a through the memory panel): memory plots — a stacked timeline
 of bytes per category (:func:`plot_memory_timeline`) and stacked bars per device (:func:`plot_device_bars`).
 
 Every function draws on a matplotlib ``Axes`` (a new figure when none is given) and returns it, so a
