@@ -16,15 +16,20 @@ def pick_device_without_fallback():
     return torch.device("cuda:0")
 
 
+def _usable_cpus():
+    """The cores this process may run on: its affinity on Linux, the machine's count elsewhere."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def machine_report(nprocs):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"cpus": os.cpu_count(), "gpus": gpus, "backend": "nccl" if gpus >= nprocs else "gloo"}
+    return {"cpus": _usable_cpus(), "gpus": gpus, "backend": "nccl" if gpus >= nprocs else "gloo"}
 
 
 def machine_report_any_gpu_means_nccl(nprocs):
     """Picks NCCL as soon as there is one GPU: on Colab (1 GPU) two processes would share it."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"cpus": os.cpu_count(), "gpus": gpus, "backend": "nccl" if gpus > 0 else "gloo"}
+    return {"cpus": _usable_cpus(), "gpus": gpus, "backend": "nccl" if gpus > 0 else "gloo"}
 
 
 SOLUTIONS = {"00.1": (pick_device,), "00.2": (machine_report,)}
@@ -39,11 +44,40 @@ def pick_device_from_the_course_helper():
 def machine_report_from_the_course_helper(nprocs):
     """torch.cuda for the GPU count, but the backend from mgpu_helpers' choose_backend."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"cpus": os.cpu_count(), "gpus": gpus, "backend": choose_backend(nprocs)}
+    return {"cpus": _usable_cpus(), "gpus": gpus, "backend": choose_backend(nprocs)}
+
+
+def machine_report_counting_the_machine(nprocs):
+    """os.cpu_count(): the machine's cores, also where a container or taskset leaves this process fewer."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"cpus": os.cpu_count(), "gpus": gpus, "backend": "nccl" if gpus >= nprocs else "gloo"}
 
 
 #: Work that gets the right answers without doing the exercise; each grader must reject it.
 SHORTCUTS = {
     "00.1": {"recommended_device": (pick_device_from_the_course_helper,)},
-    "00.2": {"choose_backend": (machine_report_from_the_course_helper,)},
+    "00.2": {
+        "choose_backend": (machine_report_from_the_course_helper,),
+        "os_cpu_count": (machine_report_counting_the_machine,),
+    },
+}
+
+
+def pick_device_by_name():
+    """A device made from a string, with no index: torch.device("cuda") is the current GPU, cuda:0 here."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def machine_report_by_pid(nprocs):
+    """The affinity asked by process id, and the GPU count alone (0 where CUDA is unavailable)."""
+    pid = os.getpid()
+    cpus = len(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = torch.cuda.device_count()
+    return {"cpus": cpus, "gpus": gpus, "backend": "gloo" if gpus < nprocs else "nccl"}
+
+
+#: Other correct work; each grader must accept it.
+VARIANTS = {
+    "00.1": {"device_by_name": (pick_device_by_name,)},
+    "00.2": {"affinity_by_pid": (machine_report_by_pid,)},
 }

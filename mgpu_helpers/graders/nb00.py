@@ -7,7 +7,10 @@ laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are all checked on any 
 ask for the rule written with ``torch.cuda`` and ``os``: a function that asks :mod:`mgpu_helpers.hardware`
 instead (``choose_backend``, ``recommended_device``, ``describe_node``) is told so on a pretend machine.
 Nothing here touches a GPU: a pretend GPU exists only in those answers. The real machine's answers are
-compared with :mod:`mgpu_helpers.hardware` (``describe_node``, ``choose_backend``).
+compared with :mod:`mgpu_helpers.hardware` (``describe_node``, ``choose_backend``). For 00.2's CPU count,
+where ``os.sched_getaffinity`` exists (Linux), the grader also pretends to be a container that lets this
+process run on 3 of a 64-core machine's cores, so that counting the machine (``os.cpu_count()``) instead
+of the cores the process may use is told apart on any machine.
 """
 
 from __future__ import annotations
@@ -97,12 +100,29 @@ def _grade_pick_device(pick_device: Callable[[], Any]) -> str:
     return f"right on this machine ({real_gpus} GPU(s)) and on pretend machines with 0, 1, 2 and 4 GPUs."
 
 
+#: A container (or ``taskset``) that lets this process run on 3 of a 64-core machine's cores.
+_CONTAINER = ("a container that lets this process use 3 of a 64-core machine's cores", 64, {0, 1, 2})
+
+
 def _cpu_counts() -> set[int]:
-    """Every honest answer to 'how many logical CPU cores': the machine's, and this process's share."""
-    counts = {n for n in (os.cpu_count(), describe_node().cpu_cores_logical) if n}
+    """The honest answers to 'how many CPU cores may this process run on': its affinity where ``os`` can
+    tell (Linux), else the machine's count; Python 3.13's ``os.process_cpu_count()`` says the same."""
     if hasattr(os, "sched_getaffinity"):
-        counts.add(len(os.sched_getaffinity(0)))
+        counts = {len(os.sched_getaffinity(0))}
+    else:
+        counts = {n for n in (os.cpu_count(), describe_node().cpu_cores_logical) if n}
+    if hasattr(os, "process_cpu_count"):
+        counts.add(os.process_cpu_count())
     return counts
+
+
+def _cpus_ok(got: Any, cpus: set[int], machine: int, where: str) -> None:
+    if got not in cpus:
+        of = f" of the machine's {machine} (a container or taskset can leave a process fewer)."
+        raise Wrong(
+            f"on {where} it reported {got!r} CPU cores; this process may run on {min(cpus)}"
+            + (of if machine not in cpus else ".")
+        )
 
 
 def _report_ok(report: Any, nprocs: int, gpus: int, where: str, backend: str) -> None:
@@ -120,7 +140,10 @@ def _report_ok(report: Any, nprocs: int, gpus: int, where: str, backend: str) ->
 @exercise(
     "00.2",
     "report the machine",
-    hint="count with os and torch.cuda; NCCL needs a GPU of its own for every process, gloo runs anywhere",
+    hint=(
+        "count the cores this process may use with os, the GPUs with torch.cuda; NCCL needs a GPU of its "
+        "own for every process, gloo runs anywhere"
+    ),
 )
 def _grade_machine_report(machine_report: Callable[[int], Any]) -> str:
     info = describe_node()
@@ -128,16 +151,28 @@ def _grade_machine_report(machine_report: Callable[[int], Any]) -> str:
     for nprocs in (1, 2):
         report = _call(machine_report, "this machine", nprocs)
         _report_ok(report, nprocs, info.gpu_count, "this machine", choose_backend(nprocs, info=info))
-        if report["cpus"] not in cpus:
-            raise Wrong(
-                f"it reported {report['cpus']!r} CPU cores; this machine has {max(cpus)} logical cores."
-            )
+        _cpus_ok(report["cpus"], cpus, os.cpu_count() or 0, "this machine")
+    if hasattr(os, "sched_getaffinity"):
+        where, machine, allowed = _CONTAINER
+        with contextlib.ExitStack() as pretend:
+            pretend.enter_context(mock.patch.object(os, "cpu_count", lambda: machine))
+            pretend.enter_context(mock.patch.object(os, "sched_getaffinity", lambda pid: set(allowed)))
+            with contextlib.suppress(ImportError):  # psutil asks the kernel itself: it pretends too
+                import psutil
+
+                pretend.enter_context(
+                    mock.patch.object(psutil.Process, "cpu_affinity", lambda self, *a: sorted(allowed))
+                )
+            report = _call(machine_report, where, 1)
+        _report_ok(report, 1, info.gpu_count, where, choose_backend(1, info=info))
+        _cpus_ok(report["cpus"], {len(allowed)}, machine, where)
     for where, gpus in _PRETEND:
         for nprocs in (1, 2, 4):
             with _pretend_gpus(gpus, where):
                 report = _call(machine_report, where, nprocs)
             _report_ok(report, nprocs, gpus, where, "nccl" if gpus >= nprocs else "gloo")
     return (
-        f"this machine: {info.gpu_count} GPU(s), backend as mgpu_helpers.hardware chooses it; and jobs of "
-        "1, 2 and 4 processes on pretend machines with 0, 1, 2 and 4 GPUs."
+        f"this machine: {info.gpu_count} GPU(s), {min(cpus)} CPU core(s) for this process, backend as "
+        "mgpu_helpers.hardware chooses it; jobs of 1, 2 and 4 processes on pretend machines with 0, 1, 2 and "
+        "4 GPUs" + ("; and a container allowing 3 of 64 cores." if hasattr(os, "sched_getaffinity") else ".")
     )
