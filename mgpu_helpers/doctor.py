@@ -159,7 +159,7 @@ def _gpu_findings(f: Facts) -> list[Finding]:
                 "GPUs",
                 "note",
                 f"none visible (torch {f.torch}, {built})",
-                "every notebook takes its CPU path: gloo processes, bf16 autocast on the CPU",
+                "every notebook takes its CPU path: gloo processes, bf16 compute on the CPU",
             )
         )
         return rows
