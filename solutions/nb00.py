@@ -77,7 +77,15 @@ def machine_report_by_pid(nprocs):
 
 
 #: Other correct work; each grader must accept it.
+def pick_device_with_torch_accelerator():
+    """Correct too: the device-generic API (torch >= 2.6), None where there is no accelerator."""
+    return torch.accelerator.current_accelerator() or torch.device("cpu")
+
+
 VARIANTS = {
-    "00.1": {"device_by_name": (pick_device_by_name,)},
+    "00.1": {
+        "device_by_name": (pick_device_by_name,),
+        "torch_accelerator": (pick_device_with_torch_accelerator,),
+    },
     "00.2": {"affinity_by_pid": (machine_report_by_pid,)},
 }

@@ -2,8 +2,9 @@
 
 Both graders call the student's function on this machine as it is, and then on machines it pretends
 to be: ``torch.cuda.is_available`` / ``torch.cuda.device_count`` (and, for 00.2,
-``torch.distributed.is_nccl_available``) are replaced for the duration of one call, so that a CPU-only
-laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are all checked on any machine. The exercises
+``torch.distributed.is_nccl_available``; ``torch.accelerator``'s answers too) are replaced for the
+duration of one call, so that a CPU-only laptop, a one-GPU Colab runtime and a 2- or 4-GPU server are
+all checked on any machine. The exercises
 ask for the rule written with ``torch.cuda`` and ``os``: a function that asks :mod:`mgpu_helpers.hardware`
 instead (``choose_backend``, ``recommended_device``, ``describe_node``) is told so on a pretend machine.
 Nothing here touches a GPU: a pretend GPU exists only in those answers. The real machine's answers are
@@ -47,12 +48,21 @@ def _pretend_gpus(count: int, where: str) -> Iterator[None]:
         asked.append(True)
         return False
 
-    with (
-        mock.patch.object(torch.cuda, "is_available", lambda: count > 0),
-        mock.patch.object(torch.cuda, "device_count", lambda: count),
-        mock.patch.object(dist, "is_nccl_available", lambda: count > 0),
-        mock.patch.object(_sources, "_cuda_usable", helper_asked),
-    ):
+    with contextlib.ExitStack() as stack:
+        for owner, name, value in (
+            (torch.cuda, "is_available", lambda: count > 0),
+            (torch.cuda, "device_count", lambda: count),
+            (dist, "is_nccl_available", lambda: count > 0),
+            (_sources, "_cuda_usable", helper_asked),
+        ):
+            stack.enter_context(mock.patch.object(owner, name, value))
+        # torch >= 2.6: the device-generic API must say the same
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "current_accelerator"):
+            gpu = torch.device("cuda") if count > 0 else None
+            stack.enter_context(mock.patch.object(accelerator, "current_accelerator", lambda *a, **k: gpu))
+            stack.enter_context(mock.patch.object(accelerator, "is_available", lambda: count > 0))
+            stack.enter_context(mock.patch.object(accelerator, "device_count", lambda: count))
         yield
     if asked:
         raise Wrong(
