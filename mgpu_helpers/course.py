@@ -217,7 +217,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "03a",
         "03a_data_parallel.ipynb",
         "nn.DataParallel from the inside",
-        "the 10-step flow, the tutorial's split batches, replicate → scatter → parallel_apply → gather, "
+        "the 10-step flow, the tutorial's split batches, scatter → replicate → parallel_apply → gather, "
         "dim=1 (optional)",
         "virtual devices",
         "virtual devices (nn.DataParallel on one GPU is a pass-through)",

@@ -139,7 +139,10 @@ def _unwritten(work: Any) -> bool:
 def _methods(cls: type) -> list[Any]:
     """The functions a class defines itself, static and class methods included (an autograd.Function's
     forward and backward are static methods, which have no ``__code__`` of their own)."""
-    found = [getattr(v, "__func__", v) for v in vars(cls).values()]
+    import inspect
+
+    found = [getattr(v, "__func__", v) for v in vars(cls).values()]  # a decorator's wrapper: its original
+    found = [inspect.unwrap(f) if callable(f) else f for f in found]  # (TorchDispatchMode's dispatch)
     return [f for f in found if hasattr(f, "__code__")]
 
 

@@ -5,9 +5,10 @@ import importlib
 
 import torch
 import torch.distributed as dist
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mgpu_helpers.collectives import all_gather_single
+from mgpu_helpers.collectives import _NAMES, _tensors, all_gather_single
 
 # --- 01c.1 ----------------------------------------------------------------------------------------
 
@@ -189,6 +190,49 @@ class DelegatingSpy(TorchDispatchMode):
         return self.inner.__torch_dispatch__(func, types, args, kwargs)
 
 
+class LargestTensorSpy(TorchDispatchMode):
+    """Correct variant: the full tensor is the largest one a collective touches (the gathered output,
+    the reduce-scatter's input, the all-reduce's one tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = NAMES.get(func.name().partition("::")[2].strip("_"))
+        if op is not None:
+            sizes = [
+                t.numel() * t.element_size()
+                for t in pytree.tree_leaves((args, out))
+                if isinstance(t, torch.Tensor)
+            ]
+            self.calls.append((op, max(sizes)))
+        return out
+
+
+class CopiedPackageSpy(TorchDispatchMode):
+    """Shortcut: CollectiveSpy's source pasted in, with the package's private name table and helper."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        namespace, _, name = func.name().partition("::")
+        op = _NAMES.get(name.strip("_"))
+        if namespace in ("c10d", "_c10d_functional") and op is not None:
+            if op == "all_gather":
+                full = _tensors(args[0] if namespace == "c10d" else out)
+            elif op == "reduce_scatter":
+                full = _tensors(args[1] if namespace == "c10d" else args[0])
+            else:
+                full = _tensors(args[0])
+            self.calls.append((op, sum(t.numel() * t.element_size() for t in full)))
+        return out
+
+
 class PatchingSpy:
     """Shortcut: wraps torch.distributed's Python functions instead of watching the dispatcher
     (DTensor's collectives never go through them)."""
@@ -237,5 +281,7 @@ SHORTCUTS = {
         "package_spy_renamed": (RenamedPackageSpy,),
         "package_spy_inside": (DelegatingSpy,),
         "patch_torch_distributed_functions": (PatchingSpy,),
+        "package_spy_source_with_private_names": (CopiedPackageSpy,),
     },
 }
+VARIANTS = {"01c.2": {"largest_tensor_is_the_full_one": (LargestTensorSpy,)}}

@@ -169,6 +169,19 @@ class OutputsBackOnTheHost(TwoDeviceNet):
         return torch.cat(outs)
 
 
+class FcOnceOnTheJoinedOutputs(TwoDeviceNet):
+    """Micro-batches through part1 and part2, then one fc call on all of them joined: not a pipeline to the
+    end (fc waits for every micro-batch)."""
+
+    def __init__(self, dev0, dev1, split_size=64):
+        super().__init__(dev0, dev1)
+        self.split_size = split_size
+
+    def forward(self, x):
+        hs = [self.part2(self.part1(s.to(self.dev0)).to(self.dev1)) for s in x.split(self.split_size)]
+        return self.fc(torch.cat(hs))
+
+
 def gpipe_step_one_microbatch_at_a_time(rank, world_size, stage, x, y, m):
     """Right gradients, no pipeline: each micro-batch goes forward and back before the next starts."""
     first, last = rank == 0, rank == world_size - 1
@@ -236,6 +249,7 @@ SHORTCUTS = {
         "whole batch through both parts": (WholeBatchThroughBothParts,),
         "unsplit model per micro-batch": (UnsplitModelPerMicrobatch,),
         "outputs back on the host": (OutputsBackOnTheHost,),
+        "fc once on the joined outputs": (FcOnceOnTheJoinedOutputs,),
     },
     "02a.2": {
         "one micro-batch at a time": (gpipe_step_one_microbatch_at_a_time,),

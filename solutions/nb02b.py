@@ -70,6 +70,29 @@ def one_f_one_b_from_the_package(p, m):
     return [[(kind, i) for kind, i, _ in stage_order("1f1b", s, p, m)] for s in range(p)]
 
 
+def one_f_one_b_from_the_package_helper(p, m):
+    """The simulator's private helper builds 1F1B from the forwards, the backwards and the warm-up count."""
+    from mgpu_helpers.pipeline.schedules import _one_f_one_b
+
+    return [
+        _one_f_one_b([("F", i) for i in range(m)], [("B", i) for i in range(m)], p - s - 1) for s in range(p)
+    ]
+
+
+def one_f_one_b_warmup_not_capped(p, m):
+    """Warm-up of p - s - 1 forwards even when m is smaller: for p=4, m=2 stage 0 runs F 2, which does
+    not exist."""
+    orders = []
+    for s in range(p):
+        warmup = p - s - 1
+        order = [("F", i) for i in range(warmup)]
+        for i in range(warmup, m):
+            order += [("F", i), ("B", i - warmup)]
+        order += [("B", i) for i in range(m - warmup, m)]
+        orders.append(order)
+    return orders
+
+
 def one_f_one_b_from_torch(p, m):
     """PyTorch's Schedule1F1B computes its order from p and m alone: read its F/B pattern without a real
     stage, and number each kind's passes 0, 1, 2, ... (its micro-batch numbers are off on the last stage)."""
@@ -129,6 +152,8 @@ WRONG = {"02b.1": (one_f_one_b_one_warmup_too_many,), "02b.2": (train_stage_with
 SHORTCUTS = {
     "02b.1": {
         "stage_order from mgpu_helpers": (one_f_one_b_from_the_package,),
+        "_one_f_one_b from mgpu_helpers.pipeline.schedules": (one_f_one_b_from_the_package_helper,),
+        "warm-up not capped at m": (one_f_one_b_warmup_not_capped,),
         "torch's Schedule1F1B order": (one_f_one_b_from_torch,),
         "GPipe's order": (gpipe_order,),
         "one micro-batch at a time": (one_microbatch_at_a_time,),

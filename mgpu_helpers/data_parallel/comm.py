@@ -1,10 +1,10 @@
 """Used by notebooks 03a and 03b: ``replicate``, ``scatter``, ``parallel_apply``, ``gather``, virtually.
 
-PyTorch's ``nn.DataParallel`` does four things per forward pass — **replicate** the module onto every
-device, **scatter** the batch into chunks, **parallel_apply** the replicas in threads, **gather** the
-outputs onto one device — with ``torch.nn.parallel``'s functions of the same names. Those refuse CPU
-tensors. This module rebuilds them with the same names, signatures and autograd behaviour over
-*virtual devices* (see :mod:`.devices`). The arithmetic is the real thing — real threads, real chunks,
+PyTorch's ``nn.DataParallel`` does four things per forward pass — **scatter** the batch into chunks,
+**replicate** the module onto the devices that got one, **parallel_apply** the replicas in threads,
+**gather** the outputs onto one device — with ``torch.nn.parallel``'s functions of the same names.
+Those refuse CPU tensors. This module rebuilds them with the same names, signatures and autograd behaviour
+over *virtual devices* (see :mod:`.devices`). The arithmetic is the real thing — real threads, real chunks,
 real copies — so outputs and gradients equal those of the unsplit model and of ``nn.DataParallel``; only
 *where* a byte lives is simulated.
 

@@ -12,7 +12,7 @@ collective that autograd goes through without knowing it (PyTorch warns) is refu
 01c.2 runs a fixed set of collectives of random sizes — by hand (``dist.all_reduce``,
 ``all_gather_single``, ``reduce_scatter_single``) and through DTensor's ``redistribute`` — under the
 student's spy and under ``CollectiveSpy``, and compares the ``(op, nbytes)`` lists. A spy that lets the
-package's spy do the work is refused.
+package's spy do the work, or uses its private ``_NAMES`` / ``_tensors``, is refused.
 """
 
 from __future__ import annotations
@@ -44,6 +44,23 @@ def _raises_not_implemented(cls: Any) -> bool:
         if code is not None and "NotImplementedError" in code.co_names:
             return True
     return False
+
+
+def _names_in(cls: type) -> set[str]:
+    """Global and attribute names a class's methods use, nested code too, looking through the wrapper
+    TorchDispatchMode puts around ``__torch_dispatch__`` (which hides the body from ``grade``'s check)."""
+    codes = []
+    for v in vars(cls).values():
+        fn = getattr(v, "__func__", v)
+        fn = getattr(fn, "__wrapped__", fn)
+        codes.append(getattr(fn, "__code__", None))
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        if code is not None:
+            names.update(code.co_names)
+            codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names
 
 
 def _applied(cls: Any, name: str) -> Callable[..., Any]:
@@ -141,20 +158,31 @@ def grade_copy_reduce(copy: Any, reduce: Any) -> str:
             raise Wrong(
                 f"on rank {rank} Copy's output does not require grad: autograd cannot go back through it."
             )
+        if not res["copy_bwd"]:
+            raise Wrong(
+                f"rank {rank}'s Copy backward communicated nothing, so x.grad lacks the other rank's term "
+                "(each rank's layer after Copy is different here)."
+            )
         if [(c.op, c.nbytes) for c in res["copy_bwd"]] != [("all_reduce", x_bytes)]:
             raise Wrong(
-                f"rank {rank}'s Copy backward ran {_ops(res['copy_bwd'])}; each rank's layer after Copy "
-                f"adds one term to x's gradient, so the {x_bytes:,} B gradient needs one all-reduce."
+                f"rank {rank}'s Copy backward ran {_ops(res['copy_bwd'])}: more, or other, communication "
+                f"than one collective that leaves every rank the sum of the ranks' {x_bytes:,} B terms."
             )
         if not _close(res["copy_grad"], x_grad):
             raise Wrong(
                 f"on rank {rank} x.grad after Copy differs from the sum of both ranks' terms computed in one "
                 "process (each rank's layer after Copy is different here)."
             )
+        if not res["reduce_fwd"]:
+            raise Wrong(
+                f"rank {rank}'s Reduce forward communicated nothing, so its output lacks the other rank's "
+                "partial sum."
+            )
         if [(c.op, c.nbytes) for c in res["reduce_fwd"]] != [("all_reduce", p_bytes)]:
             raise Wrong(
-                f"rank {rank}'s Reduce forward ran {_ops(res['reduce_fwd'])}; adding the ranks' "
-                f"{p_bytes:,} B partial sums takes one all-reduce."
+                f"rank {rank}'s Reduce forward ran {_ops(res['reduce_fwd'])}: more, or other, "
+                f"communication than one collective that leaves every rank the sum of the ranks' "
+                f"{p_bytes:,} B partial sums."
             )
         if not _close(res["reduce_out"], total):
             raise Wrong(f"on rank {rank} Reduce's output is not the sum of the ranks' partial sums.")
@@ -164,9 +192,8 @@ def grade_copy_reduce(copy: Any, reduce: Any) -> str:
             )
         if res["reduce_bwd"]:
             raise Wrong(
-                f"rank {rank}'s Reduce backward ran {_ops(res['reduce_bwd'])}; every rank computes the same "
-                "thing after Reduce, so each already holds the whole gradient (adding the copies counts "
-                "the loss once per rank)."
+                f"rank {rank}'s Reduce backward ran {_ops(res['reduce_bwd'])}, yet in one process p.grad is "
+                "just the gradient of Reduce's output, with nothing of the other rank's in it."
             )
         if not _close(res["reduce_grad"], case["u"]):
             raise Wrong(f"on rank {rank} the partial sum's gradient is not the gradient of Reduce's output.")
@@ -177,6 +204,9 @@ def grade_copy_reduce(copy: Any, reduce: Any) -> str:
 
 
 # --- 01c.2: a spy of your own ---------------------------------------------------------------------
+
+#: the package's spy, torch's, and the package spy's private name table and helper
+_SPY_FORBID = ("CollectiveSpy", "CommDebugMode", "_NAMES", "_tensors")
 
 
 def _sizes(seed: int) -> list[int]:
@@ -236,7 +266,7 @@ def _spy_rank(rank: int, world_size: int, spy_cls: Any, seed: int) -> dict[str, 
     hint="name each collective from func.name() (the part after '::', underscores stripped, looked up in "
     "NAMES) and size the full tensor: the all-gather's output, the reduce-scatter's input, the "
     "all-reduce's one tensor; the c10d and the functional versions pass them in different places.",
-    forbid=("CollectiveSpy", "CommDebugMode"),
+    forbid=_SPY_FORBID,
 )
 def grade_spy(spy_cls: Any) -> str:
     if not isinstance(spy_cls, type):
@@ -249,6 +279,9 @@ def grade_spy(spy_cls: Any) -> str:
         raise Wrong(
             "your spy is the package's CollectiveSpy under another name: write its dispatch yourself."
         )
+    used = sorted(_names_in(spy_cls) & set(_SPY_FORBID))
+    if used:
+        raise Wrong(f"your spy uses {', '.join(used)}, a ready-made spy or its parts: write it yourself.")
     seed = _fresh_seed()
     results = run_ranks(_spy_rank, _NPROCS, spy_cls, seed, timeout_s=60.0)
     for rank, res in enumerate(results):

@@ -74,7 +74,7 @@ def grade_pipelined_forward(cls: type) -> str:
         raise Wrong(f"for 200 input rows the output has shape {got}, expected {tuple(want.shape)}.")
     if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):
         raise Wrong("the output differs from the model applied to the whole batch (are the rows in order?).")
-    for part in ("part1", "part2"):
+    for part in ("part1", "part2", "fc"):
         rows = [n for name, n, _ in seen if name == part]
         if rows != [64, 64, 64, 8]:
             raise Wrong(
@@ -156,16 +156,24 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
     passes: list[str] = []
     rows: list[int] = []
     computed_here: list[bool] = []
+    no_grad_inputs: list[bool] = []
 
     def note(mod: nn.Module, args: tuple[Any, ...]) -> None:
         passes.append("F")
         rows.append(len(args[0]))
         computed_here.append(getattr(args[0], "grad_fn", None) is not None)
+        no_grad_inputs.append(not getattr(args[0], "requires_grad", True))
 
     stage.register_forward_pre_hook(note)
     first = next(m for m in stage if isinstance(m, nn.Linear))
     first.weight.register_post_accumulate_grad_hook(lambda p: passes.append("B"))
-    loss = gpipe_step(rank, world_size, stage, x, y, _M)
+    try:
+        loss = gpipe_step(rank, world_size, stage, x, y, _M)
+    except TypeError as exc:  # e.g. isend(inp.grad) with inp.grad None: the received input needs a gradient
+        if rank == 0 or not any(no_grad_inputs):
+            raise
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise TypeError(f"{first_line} — did you call requires_grad_() on the received input?") from None
     grads = {f"{rank}.{n}": p.grad.clone() for n, p in stage.named_parameters() if p.grad is not None}
     loss = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else loss
     return {

@@ -6,7 +6,8 @@ the simulator (:func:`mgpu_helpers.pipeline.simulate_orders`, equal costs, backw
 they must not deadlock, must take no longer than GPipe, and stage ``s`` must never hold the activations
 of more than ``p - s`` micro-batches. Then it runs the orders for p = 2, m = 4 on two gloo processes
 (:func:`mgpu_helpers.pipeline.run_order`) and compares the gradients with the unsplit model's. The
-package's and PyTorch's own 1F1B orders (``stage_order``, ``Schedule1F1B``) are not accepted.
+package's and PyTorch's own 1F1B orders (``stage_order``, ``_one_f_one_b``, ``Schedule1F1B``) are not
+accepted.
 
 02b.2 runs the student's ``train_stage(rank, world_size, stage_module, x, y, m, steps, lr)`` on two gloo
 processes and compares each stage's parameters after 3 steps with the unsplit model trained by plain
@@ -81,6 +82,7 @@ def _run_orders_rank(
     "forward and one backward, and ends with the backwards it still owes; F and B of each micro-batch once.",
     forbid=(
         "stage_order",
+        "_one_f_one_b",
         "simulate",
         "simulate_orders",
         "pipelining",
@@ -94,7 +96,7 @@ def _run_orders_rank(
 def grade_one_f_one_b(one_f_one_b: Callable[[int, int], Any]) -> str:
     if not callable(one_f_one_b):
         raise Wrong(f"pass the function itself, not {type(one_f_one_b).__name__}")
-    cases = [(2, 4), (4, 8), (3, 2), (4, 4), (1, 3), (5, 7)]
+    cases = [(2, 4), (4, 8), (3, 2), (4, 2), (4, 4), (1, 3), (5, 7)]
     for p, m in cases:
         orders = _orders(one_f_one_b, p, m)
         try:

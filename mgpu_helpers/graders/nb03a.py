@@ -166,8 +166,8 @@ def _forward_case(
 @exercise(
     "03a.1",
     "nn.DataParallel's forward by hand",
-    hint="the four calls of section 3, in the order nn.DataParallel makes them; a small batch can give "
-    "fewer chunks than devices, and dim and output_device are arguments, not constants.",
+    hint="the four calls of section 3, in the order nn.DataParallel makes them (scatter first); a small "
+    "batch can give fewer chunks than devices, and dim and output_device are arguments, not constants.",
     forbid=("DataParallel", "data_parallel", "VirtualDataParallel"),
 )
 def grade_forward(data_parallel_forward: Callable[..., Any]) -> str:
