@@ -40,6 +40,7 @@ def _alive(pids):
     return out
 
 
+@pytest.mark.slow  # ~13 s; notebook 01b runs live ranks and an all-reduce under nbval in CI
 def test_all_reduce_on_live_ranks_then_nothing_left_also_after_an_error_in_a_cell():
     before = {p.pid for p in descendants()}
     with pytest.raises(Exception, match="boom"), start_ranks(2, backend="gloo") as ranks:
