@@ -52,8 +52,8 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from ..tuning import quiet_logs
-    from .nb06b import _by_value, _ray_here
+    from ...tuning import quiet_logs
+    from ..nb06b import _by_value, _ray_here
 
     if not callable(trainable):
         raise Wrong(f"pass the function itself, not {type(trainable).__name__}.")
