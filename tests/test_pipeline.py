@@ -81,6 +81,37 @@ def test_timeline_arithmetic():
     assert shared.cpu_share(0) == pytest.approx(2.5 / 3.0)
 
 
+def test_fairness_judges_waiting_core_share_and_steady_work():
+    """02a §4's guard: waiting counts only time a pass could have run; each sign has its limit."""
+    from mgpu_helpers.pipeline.fairness import MAX_WAITING, judge_fairness, waiting_share
+
+    def step(stage1_forward_start: float, cpu: float = 1.0) -> Timeline:
+        s = stage1_forward_start  # stage 1 may start at 1.0 (stage 0's forward ends there)
+        return Timeline(
+            [
+                Task(0, "F", 0, 0.0, 1.0, cpu=cpu),
+                Task(1, "F", 0, s, s + 1.0, cpu=1.0),
+                Task(1, "B", 0, s + 1.0, s + 2.0, cpu=1.0),
+                Task(0, "B", 0, s + 2.0, s + 3.0, cpu=cpu),
+            ]
+        )
+
+    assert waiting_share(step(1.0)) == 0.0  # each pass starts when it can: idle is not waiting
+    assert waiting_share(step(1.5)) == pytest.approx(0.5 / 4.5)  # stage 1 started 0.5 late
+    fair = judge_fairness(step(1.0), step(1.0))
+    assert fair.fair and fair.work == (1.0, 1.0) and fair.cpu_share == 1.0
+    assert "waiting 0% of a step" in str(fair)
+    late = step(3.0)  # stage 1 waits 2.0 of a 6.0 step
+    assert waiting_share(late) > MAX_WAITING
+    assert not judge_fairness(step(1.0), late).fair
+    assert not judge_fairness(step(1.0), step(1.0, cpu=0.5)).fair  # a stage got half a core
+    twice = [Task(t.stage, t.kind, 0, 2 * t.start, 2 * t.end, cpu=2 * t.duration) for t in step(1.0).tasks]
+    slow = Timeline(twice)  # every pass twice as long: load changed between the two measurements
+    assert judge_fairness(step(1.0), slow).work == (2.0, 2.0) and not judge_fairness(step(1.0), slow).fair
+    with pytest.raises(ValueError, match="same pipeline"):
+        judge_fairness(step(1.0), Timeline([Task(0, "F", 0, 0.0, 1.0)]))
+
+
 def test_make_stages_is_deterministic_and_splits_one_model():
     a, b = make_stages(3, 16, 2, out_features=4, seed=5), make_stages(3, 16, 2, out_features=4, seed=5)
     for sa, sb in zip(a, b, strict=True):

@@ -10,6 +10,7 @@ timelines measured and drawn.
 * :mod:`.simulator_widget` — :class:`ScheduleSimulator` (core ipywidgets; a static PNG when headless)
 * :mod:`.stages` — one stage in a process: :func:`stage_device`, :class:`StageRecorder`,
   :class:`Timeline`, :func:`make_stages`, :func:`make_batch`, :func:`run_order`
+* :mod:`.fairness` — :func:`judge_fairness`: is a timed comparison of two schedules fair to assert on?
 * :mod:`.runner` — a whole experiment on N stage processes: :class:`PipelineSpec`, :func:`run_pipeline`
 * :mod:`.plots` — :func:`plot_timeline`, :func:`plot_sweep`, :func:`plot_activation_traces`,
   :func:`draw_alexnet_split`
@@ -17,6 +18,7 @@ timelines measured and drawn.
 matplotlib and ipywidgets are imported only when something is drawn or a widget is made.
 """
 
+from .fairness import Fairness, judge_fairness, waiting_share
 from .orders import peaks_in_flight, simulate_orders
 from .plots import draw_alexnet_split, plot_activation_traces, plot_sweep, plot_timeline
 from .runner import PipelineRun, PipelineSpec, pipeline_worker, run_pipeline
@@ -39,6 +41,7 @@ from .stages import StageRecorder, StageStep, Timeline, make_batch, make_stages,
 __all__ = [
     "SCHEDULES",
     "Action",
+    "Fairness",
     "PipelineRun",
     "PipelineSpec",
     "ScheduleResult",
@@ -51,6 +54,7 @@ __all__ = [
     "bubble_relative_to_ideal",
     "draw_alexnet_split",
     "gpipe_bubble",
+    "judge_fairness",
     "make_batch",
     "make_stages",
     "peaks_in_flight",
@@ -67,4 +71,5 @@ __all__ = [
     "simulate_orders",
     "stage_device",
     "stage_order",
+    "waiting_share",
 ]
