@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 from ..memory import MemoryTracker
 
 _TIGHT = {"rtol": 1e-9, "atol": 1e-10}
@@ -50,6 +50,15 @@ def _backend() -> tuple[Any, list[int]]:
 
     b = backend()
     return b, list(range(min(b.gpus, 4) if b.real else 4))
+
+
+def _ready_made() -> set[Any]:
+    """The code of every ready-made DataParallel forward: 03a.1 is refused when the student's function runs
+    one, under any name (``forbid`` sees only names written in the source)."""
+    from ..data_parallel import VirtualDataParallel, VirtualDataParallelModel
+
+    owners = (VirtualDataParallel, VirtualDataParallelModel, nn.DataParallel)
+    return {cls.forward.__code__ for cls in owners} | {torch.nn.parallel.data_parallel.__code__}
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
@@ -111,7 +120,12 @@ def _forward_case(
             warnings.simplefilter(
                 "ignore"
             )  # e.g. "RNN module weights are not part of single contiguous chunk"
-            out = fn(model, b.to(x, 0), ids, out_dev, dim)
+            out, ran = calls_during(fn, _ready_made().__contains__, model, b.to(x, 0), ids, out_dev, dim)
+            if ran:
+                raise Wrong(
+                    f"{what}: your function ran a ready-made DataParallel ({ran[0].co_qualname}): write its "
+                    "steps yourself."
+                )
             if not isinstance(out, Tensor):
                 raise Wrong(
                     f"{what}: data_parallel_forward returned {type(out).__name__}, not the output tensor."
