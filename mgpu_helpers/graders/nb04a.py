@@ -218,9 +218,9 @@ def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any], see
 @exercise(
     "04a.2",
     "one DDP training step",
-    hint="Wrap the model in DistributedDataParallel, take this rank's share of the batch, and remember "
-    "that DDP *averages* the ranks' gradients: each rank's loss must be scaled so that the average over "
-    "ranks is the mean over the whole batch, even when the shares have different sizes.",
+    hint="Wrap the model in DistributedDataParallel and run it on this rank's share of the batch. DDP "
+    "averages the ranks' gradients: with shares of 4 and 3 samples, how much does one sample weigh in the "
+    "average of the two ranks' mean losses, and how much in the mean over all 7?",
 )
 def grade_ddp_step(ddp_step: Callable[..., Any]) -> str:
     """2 gloo ranks, global batches of 8 and 7; every rank's gradients vs one process on the whole batch."""
