@@ -104,6 +104,18 @@ def ready_made_criterion_renamed(outputs, targets, device_ids):
     return Criterion(nn.CrossEntropyLoss(), device_ids)(outputs, targets)
 
 
+def per_row_losses_gathered(outputs, targets, device_ids):
+    """Each device's per-row losses gathered on device 0 and averaged there: no weighting of the chunks."""
+    used = device_ids[: len(outputs)]
+    chunks = B.parallel.scatter(targets, used)
+    losses = B.parallel.parallel_apply(
+        [lambda out, tgt: F.cross_entropy(out, tgt, reduction="none")] * len(outputs),
+        list(zip(outputs, chunks, strict=True)),
+        devices=used,
+    )
+    return B.parallel.gather(losses, device_ids[0]).mean()
+
+
 def loader_speed_from_the_waits(dataset, num_workers, batch_size, n_batches):
     """Computes the answer from the dataset's settings instead of timing a DataLoader."""
     wait = batch_size * dataset.io_ms / 1000
@@ -132,6 +144,7 @@ SHORTCUTS = {
         "gather_then_loss": (gather_then_loss,),
         "outputs_to_device_0_piece_by_piece": (outputs_to_device_0_piece_by_piece,),
         "ready_made_criterion_renamed": (ready_made_criterion_renamed,),
+        "per_row_losses_gathered": (per_row_losses_gathered,),
     },
     "03b.2": {
         "from_the_waits": (loader_speed_from_the_waits,),

@@ -9,7 +9,9 @@ unevenly. The loss
 and the gradients must equal the plain step's, and device 0's peak memory (simulated by the tracker on
 virtual devices, measured with ``torch.cuda.max_memory_allocated`` on GPUs) must drop well below the
 plain step's and stay near the other devices' peaks, because no output, whole or in pieces, may be brought
-there. The package's own ``DataParallelCriterion`` is refused under any name.
+there; and only one number per device may be gathered there (per-row losses, gathered and averaged,
+skip the weighting of unequal chunks). The package's own ``DataParallelCriterion`` is refused under any
+name.
 
 03b.2 calls the student's ``loader_speed(dataset, num_workers, batch_size, n_batches)`` on a dataset
 whose items each wait a known time (:class:`~mgpu_helpers.data_parallel.SlowDataset`; the first item
@@ -38,6 +40,21 @@ from ..data_parallel import SlowDataset
 from ..exercises import Wrong, calls_during, exercise
 
 # --- 03b.1: the parallel criterion ----------------------------------------------------------------
+
+
+def _gathered_sizes(loss: Tensor) -> list[list[int]]:
+    """Rows per device of every gather in ``loss``'s autograd graph (this package's virtual gather keeps
+    them as ``sizes``, ``torch.nn.parallel``'s as ``input_sizes``)."""
+    found, seen, todo = [], set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ in ("_GatherBackward", "GatherBackward"):
+            found.append(list(getattr(node, "sizes", None) or getattr(node, "input_sizes", ())))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return found
 
 
 @exercise(
@@ -80,6 +97,7 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise Wrong(f"parallel_cross_entropy returned {shape}, not one number (a 0-dim tensor).")
+        got["gathered"] = _gathered_sizes(loss)
         loss.backward()
         return loss.detach()
 
@@ -115,6 +133,12 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
             f"device 0 peaked at {peaks[first] / 2**20:.2f} MiB and the other devices at most at "
             f"{others / 2**20:.2f} MiB: pieces of the other devices' outputs were brought to device 0."
         )
+    for sizes in got["gathered"]:
+        if max(sizes, default=0) > 1:
+            raise Wrong(
+                f"your function gathered {' + '.join(map(str, sizes))} numbers onto device 0 (one per row?): "
+                "only one number per device may travel there, and the chunks differ in size."
+            )
     return (
         f"on {len(ids)} {b.kind} (batch 127 split {split}): "
         "the loss and gradients equal plain DataParallel's, "
