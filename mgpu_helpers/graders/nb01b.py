@@ -8,7 +8,8 @@ call). 01b.2 runs with a 3-second collective
 timeout, so a send/recv order in which every rank waits fails in seconds with a clear message.
 
 Each grading draws fresh tensor values (a seed from ``os.urandom``), so this module's case builders are
-no answer key; and 01b.1's first two cases give ranks 0 and 1 the same sizes but a different total, so a
+no answer key; 01b.1's one all-reduce may carry a few numbers per rank, not the elements themselves;
+and 01b.1's first two cases give ranks 0 and 1 the same sizes but a different total, so a
 rank cannot tell the total count from its own sizes: the count has to travel in the all-reduce.
 """
 
@@ -42,10 +43,11 @@ _COLLECTIVES = (
 )
 
 
-def _counting(calls: list[str]) -> Callable[[], None]:
+def _counting(calls: list[str], sizes: list[int] | None = None) -> Callable[[], None]:
     """Wrap the collectives, under their names in ``torch.distributed`` and in
     ``torch.distributed.distributed_c10d`` (where they are defined), so that each call the student makes
-    is appended to ``calls`` (collectives called inside one are not counted again); returns undo."""
+    is appended to ``calls`` (collectives called inside one are not counted again), and the number of
+    elements of its first tensor argument to ``sizes`` when given; returns undo."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -57,6 +59,9 @@ def _counting(calls: list[str]) -> Callable[[], None]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if depth[0] == 0:
                 calls.append(name)
+                if sizes is not None:
+                    first = args[0] if args else kwargs.get("tensor")
+                    sizes.append(first.numel() if isinstance(first, torch.Tensor) else -1)
             depth[0] += 1
             try:
                 return fn(*args, **kwargs)
@@ -114,7 +119,8 @@ def _mean_rank(
         x = _data(sizes, rank, seed)
         before = x.clone()
         calls: list[str] = []
-        undo = _counting(calls)
+        sizes: list[int] = []
+        undo = _counting(calls, sizes)
         try:
             result = global_mean(x)
         finally:
@@ -124,6 +130,7 @@ def _mean_rank(
                 "value": _number(result),
                 "kind": type(result).__name__,
                 "calls": calls,
+                "carried": sizes[0] if sizes else 0,
                 "same": torch.equal(x, before),
             }
         )
@@ -170,6 +177,12 @@ def grade_global_mean(global_mean: Callable[[torch.Tensor], Any]) -> str:
                 raise Wrong(
                     f"with {', '.join(map(str, sizes))} elements on the 3 ranks, rank {rank} called {made}; "
                     "the exercise asks for exactly one dist.all_reduce."
+                )
+            if r["carried"] > 2 * _NPROCS:
+                raise Wrong(
+                    f"with {', '.join(map(str, sizes))} elements on the 3 ranks, rank {rank}'s all_reduce "
+                    f"carried {r['carried']} numbers: the elements themselves travelled. The mean needs only "
+                    "a few numbers per rank, however long x is."
                 )
             if not r["same"]:
                 raise Wrong(
@@ -220,8 +233,9 @@ def _shift_rank(
 @exercise(
     "01b.2",
     "a ring shift with send/recv",
-    hint="Which call in your code never returns, and why? What would the partner rank have to be doing "
-    "at that moment for it to return?",
+    hint="Only point-to-point calls may move the tensor (send, recv, isend, irecv; no collective such as "
+    "all_gather). If a rank times out instead: which of its calls is waiting, and what is its partner doing "
+    "at that moment?",
 )
 def grade_ring_shift(ring_shift: Callable[[torch.Tensor], Any]) -> str:
     """3 gloo ranks, a float64 (1000,) and an int64 (2, 3) tensor of fresh values; each rank must get its
