@@ -92,6 +92,24 @@ def allreduce_sizes_logging_data_after_an_extra_step(ddp_model, x, y):
     return sorted(int(b) // 4 for b in str(sizes).split(","))
 
 
+def allreduce_sizes_from_a_comm_hook(ddp_model, x, y):
+    """Profiles the step but takes the sizes from 04a's communication hook (each bucket's buffer), which
+    does the all-reduce itself: the profile is never read."""
+    import torch.distributed as dist
+
+    seen = []
+
+    def hook(state, bucket):
+        seen.append(bucket.buffer().numel())
+        buffer = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    ddp_model.register_comm_hook(None, hook)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+        F.cross_entropy(ddp_model(x), y).backward()
+    return sorted(seen)
+
+
 SOLUTIONS = {"07c.1": (who_is_behind,), "07c.2": (allreduce_sizes,)}
 WRONG = {"07c.1": (who_is_behind_by_length,), "07c.2": (allreduce_sizes_one_per_row,)}
 SHORTCUTS = {
@@ -104,5 +122,6 @@ SHORTCUTS = {
         "one_per_parameter": (allreduce_sizes_one_per_parameter,),
         "simulated_buckets": (allreduce_sizes_simulated_buckets,),
         "ddp_logging_data_after_an_extra_step": (allreduce_sizes_logging_data_after_an_extra_step,),
+        "comm_hook": (allreduce_sizes_from_a_comm_hook,),
     },
 }

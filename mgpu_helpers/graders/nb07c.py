@@ -13,7 +13,8 @@ in another order than its forward uses them, and DDP rebuilds its buckets in the
 became ready, so simulating the buckets from ``parameters()`` in reverse gives other sizes than the
 profile. The answer is compared with the grader's own profile of the next step and with the model's
 parameter count; hooks check that a profiler was recording while the student's step ran forward and
-backward (DDP's own bucket list, ``_get_ddp_logging_data()``, is not the lesson).
+backward (DDP's own bucket list, ``_get_ddp_logging_data()``, is not the lesson), and that it registered no
+communication hook (04a's way of seeing the buckets, not the profile's).
 """
 
 from __future__ import annotations
@@ -174,7 +175,10 @@ def _ddp_job(rank: int, world_size: int, fn: Callable[..., object]) -> tuple[obj
         got = fn(model, x, y)
     finally:
         pre.remove(), post.remove()
-    if len(profiled) != 2:  # one forward and one backward
+    hook = model._get_ddp_logging_data().get("comm_hook")  # 04a's way of seeing buckets, not the profile's
+    if hook:
+        got = ("comm hook", hook)
+    elif len(profiled) != 2:  # one forward and one backward
         got = ("steps", len(profiled) // 2)
     elif not all(profiled):
         got = ("not profiled",)
@@ -203,6 +207,11 @@ def _grade_sizes(allreduce_sizes: Callable[..., object]) -> str:
         if isinstance(got, tuple) and got[:1] == ("steps",):
             raise Wrong(
                 f"rank {rank}: your function ran {got[1]} training step(s); profile exactly one step."
+            )
+        if isinstance(got, tuple) and got[:1] == ("comm hook",):
+            raise Wrong(
+                f"rank {rank}: your function registered a communication hook ({got[1]}); leave DDP as it "
+                "is and read the all-reduces from the profile of the step."
             )
         if isinstance(got, tuple) and got[:1] == ("not profiled",):
             raise Wrong(
