@@ -7,8 +7,10 @@ graph or activations: the readings may grow by less than half of one batch's out
 keeping each batch's predicted classes (``argmax``, 1 KiB) is fine, keeping its logits is not. The
 same hook counts, after the second and the last step, the autograd graph nodes reachable from every
 live tensor (``gc``): after ``backward()`` a kept graph holds no saved tensors any more, so the tracker
-cannot see it, but its node count grows with every batch, wherever the graph is kept. The returned loss
-and accuracy and the trained weights are compared with a reference loop computed here.
+cannot see it, but its node count grows with every batch, wherever the graph is kept. At the same two
+steps ``tracemalloc`` reads the Python objects that the student's own code made and still keeps (lists and
+numbers, which the tensor tracker cannot see: ``out.tolist()`` is still a batch's output). The returned
+loss and accuracy and the trained weights are compared with a reference loop computed here.
 
 07a.2 hands the student's search a real training-step stand-in: each call allocates activations and, on a
 batch too large for the simulated device, asks the allocator for 256 PiB, a real out-of-memory error
@@ -23,6 +25,9 @@ import copy
 import gc
 import math
 import numbers
+import os
+import sysconfig
+import tracemalloc
 import weakref
 from collections.abc import Callable
 
@@ -78,6 +83,23 @@ def _live_graph_nodes() -> int:
     return len(seen)
 
 
+_LIBRARIES = tuple(
+    {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))}
+    | {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")}
+)
+
+
+def _own_python_bytes() -> int:
+    """Bytes of live Python objects allocated by a line outside torch, this package and the libraries."""
+    stats = tracemalloc.take_snapshot().statistics("filename")
+    return sum(s.size for s in stats if not _is_library(s.traceback[0].filename))
+
+
+def _is_library(filename: str) -> bool:
+    packages = {"site-packages", "dist-packages"} & set(filename.split(os.sep))
+    return bool(packages) or filename.startswith((*_LIBRARIES, "<frozen"))
+
+
 @exercise(
     "07a.1",
     "repair a leaking training loop",
@@ -93,17 +115,24 @@ def _grade_leak(train_epoch: Callable[..., object]) -> str:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tracker = MemoryTracker(model, optimizer)
     graphs: list[int] = []
+    python_bytes: list[int] = []
 
     def after_step(*_: object) -> None:
         tracker.mark("step")
         if len(tracker.marks) in (2, _STEPS):  # the second step (a steady state) and the last
+            python_bytes.append(_own_python_bytes())
             graphs.append(_live_graph_nodes())
 
     handle = optimizer.register_step_post_hook(after_step)
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
     try:
         with tracker:
             result = train_epoch(model, optimizer, batches)
     finally:
+        if not tracing:
+            tracemalloc.stop()
         handle.remove()
         tracker.close()
     readings = [m.total for m in tracker.marks]
@@ -123,6 +152,14 @@ def _grade_leak(train_epoch: Callable[..., object]) -> str:
             f"after each optimizer step the live tensors reach an autograd graph that grew from "
             f"{graphs[0]} to {graphs[-1]} nodes between the 2nd and the last step (backward() freed the "
             "saved tensors, not the graph): something keeps a graph across batches."
+        )
+    python_growth = (python_bytes[-1] - python_bytes[0]) / (_STEPS - 2) if len(python_bytes) == 2 else 0
+    if python_growth >= 2 * allowed:  # as Python numbers a batch's output takes 8 times as many bytes
+        raise Wrong(
+            f"the Python objects your loop made and still holds (lists, numbers: the tensor tracker cannot "
+            f"see them) grew by {python_growth:,.0f} B per step between the 2nd and the last step, while one "
+            f"batch's output is {2 * allowed:,.0f} B as a tensor: something as large as a batch's output "
+            "survives from one batch to the next, converted or not."
         )
     if not (isinstance(result, tuple) and len(result) == 2 and all(_is_number(v) for v in result)):
         got = (
