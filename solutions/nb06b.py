@@ -65,6 +65,27 @@ def trainable_replaying_the_epochs(config):
             )
 
 
+def trainable_restoring_weights_and_epoch(config):
+    """Shortcut: the checkpoint holds the model's weights and the epoch count, the optimizer's momentum and
+    the data order are left out, so the restarted run continues from the right weights but drifts."""
+    run = tuning.TrialRun(config, TASK, seed=config["seed"])
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            saved = torch.load(os.path.join(folder, "model.pt"))
+        run.model.load_state_dict(saved["model"])
+        run.epoch = saved["epoch"]
+    while run.epoch < config["max_epochs"]:
+        metrics = run.step()
+        with tempfile.TemporaryDirectory() as folder:
+            state = {"model": run.model.state_dict(), "epoch": run.epoch}
+            torch.save(state, os.path.join(folder, "model.pt"))
+            tune.report(
+                {"loss": metrics["loss"], "accuracy": metrics["accuracy"]},
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
+
+
 def trainable_side_file_empty_checkpoint(config):
     """Shortcut: saves the run to a fixed file under /tmp and reports an empty checkpoint, only so that
     Tune hands one back; on a restart it loads the file, which a lost machine no longer has."""
@@ -113,6 +134,7 @@ WRONG = {"06b.1": (trainable_never_resuming,), "06b.2": (make_scheduler_halving,
 SHORTCUTS = {
     "06b.1": {
         "epoch count only, epochs replayed": (trainable_replaying_the_epochs,),
+        "weights and epoch count only, no momentum or data order": (trainable_restoring_weights_and_epoch,),
         "state in a file under /tmp, empty checkpoint": (trainable_side_file_empty_checkpoint,),
         "state restored from a file under /tmp, not the checkpoint": (trainable_side_file_full_checkpoint,),
     }
