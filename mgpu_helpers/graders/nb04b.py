@@ -11,8 +11,10 @@ sampler, or ``range(24)``, do not pass for items the loader yields.
 
 04b.2 wraps a small float64 model in DDP on each rank, counts the buckets DDP all-reduces (a
 communication hook around PyTorch's default one), hands the student's ``accumulate(ddp_model,
-micro_batches)`` three micro-batches per rank, and compares every rank's gradient with one process's
-gradient on all six micro-batches at once; the gradients must have been all-reduced exactly once.
+micro_batches)`` three micro-batches per rank, checks that each micro-batch's backward pass runs before
+the next forward pass (one summed loss and a single backward keeps every activation), and compares every
+rank's gradient with one process's gradient on all six micro-batches at once; the gradients must have
+been all-reduced exactly once.
 """
 
 from __future__ import annotations
@@ -154,10 +156,19 @@ def _accum_rank(rank: int, world_size: int, accumulate: Callable[..., Any]) -> d
 
     ddp_model.register_comm_hook(None, counting_hook)
     forwards: list[int] = []  # rows of each forward pass: one per micro-batch, not one concatenated batch
+    order: list[str] = []  # "F" per forward pass, "B" when backward reaches that forward's output
     model.register_forward_pre_hook(lambda _m, inputs: forwards.append(len(inputs[0])))
+
+    def after_forward(_m, _inputs, out):  # type: ignore[no-untyped-def]
+        order.append("F")
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: order.append("B"))
+
+    model.register_forward_hook(after_forward)
     accumulate(ddp_model, _micro_batches(rank))
     return {
         "forwards": forwards,
+        "order": "".join(order),
         "all_reduces": calls[0],
         "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
     }
@@ -184,6 +195,12 @@ def grade_accumulate(accumulate: Callable[..., Any]) -> str:
             raise Wrong(
                 f"rank {rank}'s model ran forward on {out['forwards']} samples; accumulation runs forward "
                 f"and backward on each of the {_MICRO} micro-batches of {_PER_MICRO} in turn."
+            )
+        if out["order"] != "FB" * _MICRO:
+            raise Wrong(
+                f"rank {rank} ran its forward (F) and backward (B) passes in the order {out['order']}: "
+                "accumulation runs each micro-batch's backward before the next forward, so that only one "
+                "micro-batch's activations are kept at a time."
             )
         if out["all_reduces"] == 0:
             raise Wrong(
