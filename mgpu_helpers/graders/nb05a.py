@@ -8,7 +8,8 @@ the whole batch per group of micro-batches); the weights must still be fp32 (a m
 not mixed precision), and backward, clipping and the optimizer step must run outside ``autocast``
 (hooks look at ``torch.is_autocast_enabled`` during backward and at the step). Then one batch holds an
 ``inf``: the scaler must skip that optimizer step (weights unchanged and finite) and halve its scale,
-once (a step without the scaler, or one that skips by hand, leaves the scale alone).
+once (a step without the scaler, or one that skips by hand, leaves the scale alone). For 05a.2 it
+also counts the backward passes: one per micro-batch, not one on the summed losses.
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
         if torch.is_autocast_enabled("cpu"):
             under_autocast.add(what)
 
-    grad_hook = model[0].weight.register_hook(lambda _g: note("backward"))
+    backwards: list[int] = []  # one entry per backward pass that reaches the first layer
+
+    def on_grad(_g: torch.Tensor) -> None:
+        backwards.append(1)
+        note("backward")
+
+    grad_hook = model[0].weight.register_hook(on_grad)
     step_hook = opt.register_step_pre_hook(lambda _o, _a, _k: note("the optimizer step"))
 
     def call(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -101,6 +108,12 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
         raise Wrong(
             f"a forward pass ran on {max(rows)} rows: accumulation runs forward and backward on each "
             f"micro-batch of {_MICRO} rows in turn, never on the whole batch at once."
+        )
+    if micro and len(backwards) < _STEPS * (64 // _MICRO):
+        raise Wrong(
+            f"{_STEPS} calls of {64 // _MICRO} micro-batches ran only {len(backwards)} backward passes, not "
+            "one per micro-batch: a backward on summed losses keeps every micro-batch's activations alive at "
+            "once, the memory that accumulation exists to save."
         )
     kept = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()} - {"float32"})
     if kept:
