@@ -38,8 +38,8 @@ def install_cell(extra: str = "") -> str:
         lines = [
             f"# Colab and Kaggle: install the course's package with its `{extra}` extra ({REPO_ENV} may "
             "name a",
-            "# fork, add @branch); anywhere: install that extra's packages where missing (only this notebook "
-            "needs them).",
+            "# fork, add @branch); anywhere: install that extra's packages where missing (the base install "
+            "leaves them out).",
         ]
     else:
         lines = [

@@ -140,6 +140,23 @@ def random_search_integer_exponents(objective, space, n_trials, seed):
     return best
 
 
+def random_search_by_ray_tune(objective, space, n_trials, seed):
+    """Shortcut: Ray Tune's search-space samplers (``tune.loguniform(...).sample(random_state=rng)``, named
+    in section 2) draw every value, so the log-uniform draw, the exercise, is never written."""
+    from ray import tune
+
+    rng = np.random.default_rng(seed)
+    kinds = {"log": tune.loguniform, "linear": tune.uniform, "choice": tune.choice}
+    domains = {name: kinds[kind](*args) for name, (kind, *args) in space.items()}
+    best, best_score = None, -np.inf
+    for _ in range(n_trials):
+        config = {name: domain.sample(random_state=rng) for name, domain in domains.items()}
+        score = objective(config)
+        if score > best_score:
+            best, best_score = config, score
+    return best
+
+
 def objective_pruned_after_training(trial, max_t):
     """Shortcut: reports every epoch, but asks the pruner only once training is over, so a pruned trial
     has cost a full training anyway."""
@@ -169,6 +186,7 @@ SHORTCUTS = {
     "06a.1": {
         "optuna_random_sampler": (random_search_by_optuna,),
         "integer_exponents_like_section_1": (random_search_integer_exponents,),
+        "ray_tune_samplers": (random_search_by_ray_tune,),
     },
     "06a.2": {
         "prune_after_full_training": (objective_pruned_after_training,),

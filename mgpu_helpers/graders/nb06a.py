@@ -1,6 +1,6 @@
 """Used by notebook 06a's exercises: a random search over a described search space (06a.1) and an
 Optuna objective that reports every epoch so that ASHA can prune it (06a.2). Both graders run the
-student's function for real."""
+student's function for real; 06a.1 refuses ready-made samplers (an Optuna study, Ray Tune's)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 
 WIDTHS = (4, 8, 16, 32, 64, 128, 256)
 LR_RANGE = (1e-4, 1e-1)
@@ -83,6 +83,11 @@ def _spread(seen: list[dict[str, Any]]) -> list[str]:
     return summary
 
 
+def _ray_sampler(code: Any) -> bool:
+    """Whether ``code`` belongs to Ray Tune's search-space sampling (``tune.loguniform(...).sample()``)."""
+    return code.co_filename.replace("\\", "/").endswith("ray/tune/search/sample.py")
+
+
 class _StudyCreated(BaseException):
     """Raised (past any ``except Exception`` in the student's code) when an Optuna study is created."""
 
@@ -135,7 +140,12 @@ def grade_random_search(random_search: Callable[..., Any]) -> str:
 
     seen: list[tuple[dict[str, Any], float]] = []
     with _without_optuna_studies():
-        best = random_search(recorder(seen), _SPACE, 600, 0)
+        best, library = calls_during(random_search, _ray_sampler, recorder(seen), _SPACE, 600, 0)
+    if library:
+        raise Wrong(
+            "your random_search drew with Ray Tune's sampler (tune.loguniform, tune.choice, …): this "
+            "exercise is the sampler itself. Draw each value yourself from np.random.default_rng(seed)."
+        )
     if len(seen) != 600:
         raise Wrong(f"with n_trials=600 the objective was called {len(seen)} times.")
     summary = _spread([c for c, _ in seen])
@@ -262,7 +272,7 @@ def grade_pruned_objective(pruned_objective: Callable[..., Any]) -> str:
             f"a completed trial reported {[len(steps[t.number]) for t in complete]} epochs, "
             f"not max_t={max_t}."
         )
-    t = complete[0]
+    t = complete[-1]  # not trial 0, whose seed trial.number is also the default seed 0
     reference = TrialRun({k: t.params[k] for k in ("l1", "l2", "lr", "batch_size")}, seed=t.number)
     expected = [reference.step()["accuracy"] for _ in range(max_t)]
     got = [t.intermediate_values[s] for s in steps[t.number]]
