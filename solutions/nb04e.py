@@ -132,7 +132,8 @@ class SynchronousBuckets(BucketedDDP):
             flat = torch.cat([q.grad.flatten() for q in self.buckets[i]])
             dist.all_reduce(flat)  # async_op=False: backward waits here
             flat /= dist.get_world_size()
-            for q, piece in zip(self.buckets[i], flat.split([q.numel() for q in self.buckets[i]]), strict=True):
+            bucket = self.buckets[i]
+            for q, piece in zip(bucket, flat.split([q.numel() for q in bucket]), strict=True):
                 q.grad.copy_(piece.view_as(q))
 
     def finish(self):
