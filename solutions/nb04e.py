@@ -140,6 +140,31 @@ class SynchronousBuckets(BucketedDDP):
         self.waiting = [len(b) for b in self.buckets]
 
 
+class WaitsInTheHook(BucketedDDP):
+    """async_op=True, but the hook waits at once: backward stands still while each bucket travels."""
+
+    def _grad_ready(self, p):
+        i = self.bucket_of[p]
+        self.waiting[i] -= 1
+        if self.waiting[i] == 0:
+            bucket = self.buckets[i]
+            flat = torch.cat([q.grad.flatten() for q in bucket])
+            dist.all_reduce(flat, async_op=True).wait()
+            flat /= dist.get_world_size()
+            for q, piece in zip(bucket, flat.split([q.numel() for q in bucket]), strict=True):
+                q.grad.copy_(piece.view_as(q))
+
+    def finish(self):
+        self.waiting = [len(b) for b in self.buckets]
+
+
+def step_end_ms_graders_own(ready_ms, comm_ms):
+    """The grader's reference timeline as the answer key."""
+    from mgpu_helpers.graders.nb04e import _step_end
+
+    return _step_end(ready_ms, comm_ms)
+
+
 def step_end_ms_no_overlap(ready_ms, comm_ms):
     """Every all-reduce after backward: the communication is never hidden."""
     return ready_ms[-1] + sum(comm_ms)
@@ -183,10 +208,12 @@ SHORTCUTS = {
         "one_all_reduce_after_backward": (OneAllReduceAfterBackward,),
         "all_gradients_in_one_bucket": (AllGradientsInOneBucket,),
         "synchronous_all_reduces": (SynchronousBuckets,),
+        "waits_in_the_hook": (WaitsInTheHook,),
     },
     "04e.2": {
         "no_overlap": (step_end_ms_no_overlap,),
         "perfect_overlap": (step_end_ms_perfect_overlap,),
+        "graders_own_timeline": (step_end_ms_graders_own,),
     },
 }
 VARIANTS = {"04e.1": {"divides_first_forward_order": (DividesFirstForwardOrder,)}}

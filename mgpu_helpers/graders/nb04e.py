@@ -8,12 +8,13 @@ each (forward on the rank's share, ``backward()``, ``finish()``). Every rank's g
 process's gradient on the whole batch from rank 0's weights. ``dist.all_reduce`` is wrapped in the ranks
 during grading: each call must pass ``async_op=True``; the calls' tensors must be the buckets the cap
 gives (reverse registration order, a new bucket when the next gradient would take the current one past
-the cap; their bytes and their values, the ranks' local gradients as backward produced them), and the
-first call must start while backward still has gradients to compute. torch's ``DistributedDataParallel``
-is not accepted.
+the cap; their bytes and their values, the ranks' local gradients as backward produced them), the
+first call must start while backward still has gradients to compute, and no handle may be waited on
+before backward returns. torch's ``DistributedDataParallel`` is not accepted.
 
 04e.2 calls the student's ``step_end_ms(ready_ms, comm_ms)`` on fixed and random cases and compares it
-with the finishing time of buckets that each start when ready and when the one link is free.
+with the finishing time of buckets that each start when ready and when the one link is free; calling the
+grader's own timeline is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 from ._ranks import run_ranks
 
 # --- 04e.1: buckets all-reduced during backward -------------------------------------------------------
@@ -60,17 +61,32 @@ def _expected_buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return buckets
 
 
+class _WatchedWork:
+    """An async all-reduce's handle that notes a ``wait()`` made while backward is still running."""
+
+    def __init__(self, work: Any, now: dict[str, Any]) -> None:
+        self._work, self._now = work, now
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._now["in_backward"]:
+            self._now["waited_in_backward"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
 def _overlap_rank(rank: int, world_size: int, cls: Any, seed: int) -> list[dict[str, Any]]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     real = dist.all_reduce
-    now: dict[str, Any] = {"params": [], "local": {}, "calls": None}
+    now: dict[str, Any] = {"params": [], "local": {}, "calls": None, "in_backward": False}
 
     def recording(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls = now["calls"]
+        async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
         if calls is not None:
-            async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
             calls.append(
                 {
                     "bytes": tensor.numel() * tensor.element_size(),
@@ -79,7 +95,8 @@ def _overlap_rank(rank: int, world_size: int, cls: Any, seed: int) -> list[dict[
                     "values": tensor.detach().flatten().sort().values.clone(),
                 }
             )
-        return real(tensor, *args, **kwargs)
+        handle = real(tensor, *args, **kwargs)
+        return _WatchedWork(handle, now) if calls is not None and async_op and handle is not None else handle
 
     for module in (dist, c10d):
         module.all_reduce = recording
@@ -100,9 +117,13 @@ def _overlap_rank(rank: int, world_size: int, cls: Any, seed: int) -> list[dict[
                 model.zero_grad(set_to_none=True)
                 x, y = _batch(it)
                 share = slice(4 * rank, 4 * rank + 4)
-                now["calls"], now["local"] = [], {}
+                now["calls"], now["local"], now["waited_in_backward"] = [], {}, False
                 loss = F.cross_entropy(wrapper(x[share]), y[share])
-                loss.backward()
+                now["in_backward"] = True
+                try:
+                    loss.backward()
+                finally:
+                    now["in_backward"] = False
                 in_backward = len(now["calls"])
                 wrapper.finish()
                 calls, now["calls"] = now["calls"], None
@@ -114,6 +135,7 @@ def _overlap_rank(rank: int, world_size: int, cls: Any, seed: int) -> list[dict[
                         "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
                         "calls": calls,
                         "during_backward": in_backward,
+                        "waited_in_backward": now["waited_in_backward"],
                         "local": local,
                         "sizes": [p.numel() * p.element_size() for p in params],
                     }
@@ -177,6 +199,11 @@ def grade_overlap(cls: Any) -> str:
                 raise Wrong(
                     f"{when}, rank {rank} called dist.all_reduce without async_op=True: a synchronous call "
                     "blocks the hook, and with it backward, until the bucket has travelled — no overlap."
+                )
+            if cases[k]["waited_in_backward"]:
+                raise Wrong(
+                    f"{when}, rank {rank} waited on an all-reduce's handle before backward had returned: "
+                    "backward stood still until that bucket had travelled, so nothing overlapped."
                 )
             buckets = _expected_buckets(cases[k]["sizes"], cap)
             want = sorted(sum(cases[k]["sizes"][i] for i in b) for b in buckets)
@@ -243,7 +270,9 @@ def grade_step_end(step_end_ms: Callable[[list[float], list[float]], float]) -> 
         raise Wrong(f"pass the function step_end_ms itself, not {type(step_end_ms).__name__}")
     rng = random.Random(secrets.randbits(32))
     for ready, comm in [*_FIXED, *(_random_case(rng) for _ in range(20))]:
-        got = step_end_ms(list(ready), list(comm))
+        got, own = calls_during(step_end_ms, lambda code: code is _step_end.__code__, list(ready), list(comm))
+        if own:
+            raise Wrong("your step_end_ms calls the grader's own timeline: write the walk over the buckets.")
         want = _step_end(ready, comm)
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             raise Wrong(f"step_end_ms must return a number of milliseconds, not {type(got).__name__}.")
