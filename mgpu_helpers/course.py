@@ -285,6 +285,17 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         ),
     ),
     Notebook(
+        "04e",
+        "04e_build_ddp.ipynb",
+        "Build DDP: gradient buckets and overlap",
+        "a DDP wrapper written by hand: broadcast, post-accumulate-grad hooks, buckets in reverse order, "
+        "asynchronous all-reduces during backward; timed against no overlap and torch's DDP",
+        "2 gloo processes",
+        "2 gloo processes on the CPU (the lesson's timings are CPU timings)",
+        "2 gloo processes on the CPU; the text says what NCCL over NVLink changes",
+        helpers=("exercises", "hardware", "labels", "launching", "models"),
+    ),
+    Notebook(
         "05a",
         "05a_mixed_precision.ipynb",
         "Mixed precision",
