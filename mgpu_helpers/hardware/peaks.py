@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .node import NodeInfo, describe_node
 from .report import _device_kind
+
+if TYPE_CHECKING:  # importing this package stays cheap: torch is imported where it is used
+    import torch
 
 __all__ = ["PEAKS", "Peak", "format_key", "known_names", "peak_flops", "peak_for_name"]
 
@@ -125,7 +127,7 @@ PEAKS: tuple[_Entry, ...] = (
     ),
 )
 
-_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_FORMATS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _LEFT_OUT = re.compile(r"NVL")  # H100 NVL, H200 NVL: other clocks and power; not in the table
 
 
@@ -144,9 +146,9 @@ class Peak:
 
 def format_key(dtype: torch.dtype, tf32: bool = False) -> str:
     """The table's key for ``dtype``: ``"fp32"`` (``"tf32"`` with ``tf32=True``), ``"bf16"``, ``"fp16"``."""
-    if dtype not in _FORMATS:
+    if str(dtype) not in _FORMATS:
         raise ValueError(f"dtype must be one of {list(_FORMATS)} (the formats matmuls run in), not {dtype!r}")
-    return "tf32" if dtype == torch.float32 and tf32 else _FORMATS[dtype]
+    return "tf32" if str(dtype) == "torch.float32" and tf32 else _FORMATS[str(dtype)]
 
 
 def known_names() -> str:
@@ -206,5 +208,7 @@ def peak_flops(
     if gpu is None:
         return Peak(None, f"cuda:{index} is not visible on this machine, so its model is unknown")
     if tf32 is None:
+        import torch
+
         tf32 = torch.get_float32_matmul_precision() != "highest"
     return peak_for_name(gpu.name, dtype, tf32)
