@@ -299,9 +299,10 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "05a",
         "05a_mixed_precision.ipynb",
         "Mixed precision",
-        "fp16/bf16 number formats, loss scaling with GradScaler, Apex → torch.amp, bf16 autocast measured",
+        "fp16/bf16 number formats, loss scaling with GradScaler, Apex → torch.amp, bf16 autocast measured, "
+        "MFU",
         "bf16 autocast timed; fp16 + GradScaler for correctness",
-        "fp32, bf16 (if supported) and fp16 + GradScaler timed on cuda:0",
+        "fp32, bf16 (if supported) and fp16 + GradScaler timed on cuda:0, with their MFU",
         "same on cuda:0",
         helpers=(
             "exercises",
@@ -456,10 +457,11 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "08_capstone.ipynb",
         "Capstone: digits end to end",
         "scikit-learn's digits trained with DDP, mixed precision, checkpoint/resume and a small Ray "
-        "Tune search; accuracy and time per epoch for 1 vs 2 processes",
+        "Tune search; accuracy, the run's MFU, and time per epoch for 1 vs 2 processes",
         "2 gloo processes with bf16 autocast; Ray on CPU",
         "2 gloo processes on the CPU; Tune trials on cuda:0 with bf16, or fp16 + GradScaler on a T4",
-        "one NCCL process per GPU, bf16 or fp16 + GradScaler per GPU; trials spread over the GPUs",
+        "one NCCL process per GPU, bf16 or fp16 + GradScaler per GPU, MFU per GPU; trials spread over the "
+        "GPUs",
         helpers=(
             "exercises",
             "hardware",
@@ -484,7 +486,7 @@ MODULES: dict[str, str] = {
     "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
     "`solutions/`)",
     "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "
-    "backend rule, `choose_backend`",
+    "backend rule, `choose_backend`; datasheet peak FLOP/s per GPU for MFU, `peak_flops`",
     "processes": "free ports, loopback-only checks, stopping a process tree, children that die with "
     "their parent",
     "figures": "static figures for saved notebooks (`figure_to_png`), shared colours, node and rank diagrams",

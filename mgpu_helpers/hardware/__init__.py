@@ -35,11 +35,13 @@ functions that need them.
 
 Modules: :mod:`.sources` (host, NVML, GPUtil, torch queries), :mod:`.visible`
 (``CUDA_VISIBLE_DEVICES``), :mod:`.node` (``GPUInfo``, ``NodeInfo``, ``describe_node``),
-:mod:`.backend` (``choose_backend``, ``recommended_device``), :mod:`.report` (text table, labels).
+:mod:`.backend` (``choose_backend``, ``recommended_device``), :mod:`.report` (text table, labels),
+:mod:`.peaks` (datasheet peak FLOP/s per GPU and format, for MFU in notebooks 05a and 08).
 """
 
 from .backend import BACKENDS, choose_backend, recommended_device
 from .node import GPUInfo, NodeInfo, describe_node
+from .peaks import Peak, peak_flops, peak_for_name
 from .report import format_node_table, hardware_label
 from .sources import nvml_memory
 from .visible import visible_gpu_count
@@ -48,11 +50,14 @@ __all__ = [
     "BACKENDS",
     "GPUInfo",
     "NodeInfo",
+    "Peak",
     "choose_backend",
     "describe_node",
     "format_node_table",
     "hardware_label",
     "nvml_memory",
+    "peak_flops",
+    "peak_for_name",
     "recommended_device",
     "visible_gpu_count",
 ]
