@@ -161,9 +161,9 @@ def _check_layout(rank: int, name: str, lay: dict[str, Any] | None) -> None:
 @exercise(
     "08b.1",
     "TP over 'tp', FSDP2 over 'dp'",
-    hint="two calls, in this order: parallelize_module with mesh['tp'] and a plan for every block's up and "
-    "down (the Megatron pair of 02c), then fully_shard with mesh['dp'] — on each block and on the root, as "
-    "in 05c. Return the model.",
+    hint="section 2's two steps, in the same order, for a model of blocks: a TP plan with an entry for each "
+    "block's pair (02c.2 wrote such plans) on the right sub-mesh, then one FSDP2 unit per block before the "
+    "root (05c section 1) on the other. Return the model.",
 )
 def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
     """4 gloo ranks, a drawn model shape: placements, one step's loss and gradients, bytes per rank."""
@@ -189,7 +189,10 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
             _check_layout(rank, name, r["layouts"].get(name))
     for rank, r in enumerate(ranks):
         if "error" in r:
-            raise Wrong(f"the parameters are laid out right, but one training step raised on rank {rank}: {r['error']}")
+            raise Wrong(
+                f"the parameters are laid out right, but one training step raised on rank {rank}: "
+                f"{r['error']}"
+            )
         if abs(r["loss"] - loss.item()) > 1e-10:
             raise Wrong(
                 f"rank {rank}'s loss, averaged over the 'dp' rows, is {r['loss']:.10f}; one process on the "
@@ -279,7 +282,8 @@ def grade_busiest(busiest_rank_bytes: Callable[..., int]) -> str:
     if not callable(busiest_rank_bytes):
         raise Wrong(f"pass the function busiest_rank_bytes itself, not {type(busiest_rank_bytes).__name__}")
     rng = random.Random(secrets.randbits(32))
-    cases = [(_DIGITS, 2, 2)] + [(_random_params(rng), rng.choice((2, 3, 4)), rng.choice((2, 3, 4))) for _ in range(20)]
+    meshes = [(rng.choice((2, 3, 4)), rng.choice((2, 3, 4))) for _ in range(20)]
+    cases = [(_DIGITS, 2, 2)] + [(_random_params(rng), dp, tp) for dp, tp in meshes]
     for params, dp, tp in cases:
         got = busiest_rank_bytes(dict(params), dp, tp)
         want = _busiest(params, dp, tp)
