@@ -80,6 +80,14 @@ def parallelize_fsdp_over_all_ranks(model, mesh):
     return model
 
 
+def parallelize_fsdp_on_the_whole_mesh(model, mesh):
+    """fully_shard given the 2-D mesh: HSDP (replicated over "dp", sharded over "tp"), no TP at all."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def parallelize_tp_only(model, mesh):
     """Tensor parallelism alone: no sharding (nor gradient averaging) over "dp"."""
     plan = {}
@@ -116,6 +124,7 @@ SHORTCUTS = {
         "ddp_only": (parallelize_ddp_only,),
         "fsdp_over_all_ranks": (parallelize_fsdp_over_all_ranks,),
         "tp_only": (parallelize_tp_only,),
+        "fsdp_on_the_whole_mesh": (parallelize_fsdp_on_the_whole_mesh,),
     },
     "08b.2": {"planner_even_split": (busiest_rank_bytes_planner,)},
 }

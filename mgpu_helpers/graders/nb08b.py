@@ -129,6 +129,12 @@ def _check_layout(rank: int, name: str, lay: dict[str, Any] | None) -> None:
         )
     dims = tuple(lay["dims"] or (f"unnamed {i}" for i in range(len(lay["placements"]))))
     placements = dict(zip(dims, lay["placements"], strict=True))
+    if placements.get("dp", ("",))[0] == "Replicate" and len(dims) == 2:
+        raise Wrong(
+            f"on rank {rank}, {name} is replicated over 'dp' and sharded over 'tp' ({lay['placements']}): "
+            "given the whole 2-D mesh, fully_shard replicates over the first dimension and shards over the "
+            "second (HSDP). Here FSDP2 must shard over the 'dp' dimension alone."
+        )
     if "dp" not in placements or placements["dp"][0] not in _SHARD_LIKE:
         raise Wrong(
             f"on rank {rank}, {name} lives on a mesh with dimensions {lay['dims']} of shape {lay['shape']} "
