@@ -472,6 +472,18 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         ),
         extra="capstone",
     ),
+    Notebook(
+        "08b",
+        "08b_capstone_2d_mesh.ipynb",
+        "Capstone, part 2: the same task on a 2-D mesh",
+        "the digits classifier on a 2 × 2 (dp, tp) mesh: TP with parallelize_module inside, FSDP2 across; "
+        "the same accuracy as DDP, state per rank measured against the planner",
+        "DDP on 2 gloo processes, the 2-D mesh on 4",
+        "the same on the CPU (NCCL needs a GPU per process)",
+        "DDP with NCCL; the 2-D mesh with NCCL from 4 GPUs on, else on gloo",
+        helpers=("exercises", "hardware", "labels", "launching", "planner"),
+        extra="capstone",
+    ),
 )
 
 

@@ -1,0 +1,305 @@
+"""Used by notebook 08b's exercises: a model parallelised on a 2 × 2 mesh, TP over ``"tp"`` and FSDP2 over
+``"dp"`` (08b.1), run on 4 real gloo processes started with :func:`mgpu_helpers.launching.launch`, and
+the exact state bytes on the busiest rank of such a layout (08b.2), a plain function.
+
+08b.1 builds, on each of 4 ranks, a float64 model of residual blocks (``blocks[i].up``: width → hidden,
+``blocks[i].down``: hidden → width) and a ``head``, its shape and weights drawn at grading time, and a
+2 × 2 mesh with dimensions ``("dp", "tp")``; it calls the student's ``parallelize(model, mesh)``, reads
+every parameter's placements, runs one training step (each ``"dp"`` row takes its half of the batch)
+and compares the loss and the full (gathered) gradients with one process's on the whole batch. Every
+parameter must be sharded over ``"dp"``; each block's ``up`` split by output features and ``down`` by
+input features over ``"tp"``; each rank then holds a quarter of every block's matrices.
+
+08b.2 calls the student's ``busiest_rank_bytes(params, dp, tp)`` on the notebook's model and on random
+models with replicated parameters and uneven shapes, against ``torch.chunk``'s split.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..exercises import Wrong, exercise
+from ._ranks import run_ranks
+
+# --- 08b.1: TP over "tp", FSDP2 over "dp" ---------------------------------------------------------------
+
+_SHARD_LIKE = ("Shard", "_StridedShard")  # FSDP2 over a TP-sharded dim 0 uses _StridedShard
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class _Net(nn.Module):
+    def __init__(self, width: int, hidden: int, blocks: int, classes: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(width, hidden) for _ in range(blocks))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _net(case: dict[str, int]) -> nn.Module:
+    torch.manual_seed(case["seed"])
+    return _Net(case["width"], case["hidden"], case["blocks"], case["classes"]).double()
+
+
+def _data(case: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(case["seed"] + 1)
+    x = torch.randn(8, case["width"], dtype=torch.float64, generator=gen)
+    return x, torch.randint(0, case["classes"], (8,), generator=gen)
+
+
+def _layout(p: torch.Tensor) -> dict[str, Any] | None:
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return None
+    return {
+        "dims": p.device_mesh.mesh_dim_names,
+        "shape": tuple(p.device_mesh.shape),
+        "placements": [(type(pl).__name__, getattr(pl, "dim", None)) for pl in p.placements],
+        "local": p.to_local().numel(),
+    }
+
+
+def _step_rank(rank: int, world_size: int, parallelize: Any, case: dict[str, int]) -> dict[str, Any]:
+    import logging
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)  # full_tensor's note
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # a wrong plan's shapes
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = _net(case)
+    out = parallelize(model, mesh)
+    module = out if isinstance(out, nn.Module) else model
+    layouts = {n: _layout(p) for n, p in model.named_parameters()}
+    x, y = _data(case)
+    half = slice(4 * mesh["dp"].get_local_rank(), 4 * mesh["dp"].get_local_rank() + 4)
+    try:
+        loss = F.cross_entropy(module(x[half]), y[half])
+        loss.backward()
+    except Exception as exc:  # reported after the placements, which say more
+        return {"layouts": layouts, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    total = loss.detach().clone()
+    dist.all_reduce(total, group=mesh["dp"].get_group())
+    grads, grad_local = {}, {}
+    for n, p in model.named_parameters():
+        g = p.grad
+        grads[n] = None if g is None else (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
+        grad_local[n] = None if g is None else (g.to_local() if isinstance(g, DTensor) else g).numel()
+    return {"layouts": layouts, "loss": (total / 2).item(), "grads": grads, "grad_local": grad_local}
+
+
+def _tp_placement(name: str) -> tuple[str, int | None] | None:
+    """What the "tp" dimension must hold for this parameter (None: not split over "tp")."""
+    if name.endswith("up.weight") or name.endswith("up.bias"):
+        return ("Shard", 0)
+    if name.endswith("down.weight"):
+        return ("Shard", 1)
+    if name.endswith("down.bias"):
+        return ("Replicate", None)  # added once, after the partial outputs are summed
+    return None
+
+
+def _check_layout(rank: int, name: str, lay: dict[str, Any] | None) -> None:
+    if lay is None:
+        raise Wrong(
+            f"on rank {rank}, {name} is a plain tensor: every parameter must end up a DTensor sharded over "
+            "the mesh's 'dp' dimension (a whole copy on every rank is plain data parallelism)."
+        )
+    dims = tuple(lay["dims"] or (f"unnamed {i}" for i in range(len(lay["placements"]))))
+    placements = dict(zip(dims, lay["placements"], strict=True))
+    if placements.get("dp", ("",))[0] == "Replicate" and len(dims) == 2:
+        raise Wrong(
+            f"on rank {rank}, {name} is replicated over 'dp' and sharded over 'tp' ({lay['placements']}): "
+            "given the whole 2-D mesh, fully_shard replicates over the first dimension and shards over the "
+            "second (HSDP). Here FSDP2 must shard over the 'dp' dimension alone."
+        )
+    if "dp" not in placements or placements["dp"][0] not in _SHARD_LIKE:
+        raise Wrong(
+            f"on rank {rank}, {name} lives on a mesh with dimensions {lay['dims']} of shape {lay['shape']} "
+            f"with placements {lay['placements']}: it is not sharded over the 'dp' dimension of the mesh "
+            "you were given. FSDP2 must shard over mesh['dp'] — not over all 4 ranks, not over 'tp'."
+        )
+    want = _tp_placement(name)
+    got = placements.get("tp")
+    if want is None:
+        if got is not None and got[0] != "Replicate":
+            raise Wrong(
+                f"on rank {rank}, {name} is split over 'tp' ({got[0]}, dim {got[1]}); only the blocks' up "
+                "and down layers are tensor-parallel here, the head stays whole on every 'tp' rank."
+            )
+        return
+    if got is None:
+        raise Wrong(
+            f"on rank {rank}, {name} is not split over the mesh's 'tp' dimension: each block's up and down "
+            "layers must be tensor-parallel over mesh['tp'] (notebook 02c)."
+        )
+    if got != want:
+        where = f"{got[0]} along dim {got[1]}" if got[1] is not None else got[0]
+        raise Wrong(
+            f"on rank {rank}, {name} is {where} over 'tp': a block's first layer must "
+            "leave its output features split between the 'tp' ranks and the second must take them split "
+            "(notebook 02c), so that nothing is gathered in between."
+        )
+
+
+@exercise(
+    "08b.1",
+    "TP over 'tp', FSDP2 over 'dp'",
+    hint="section 2's two steps, in the same order, for a model of blocks: a TP plan with an entry for each "
+    "block's pair (02c.2 wrote such plans) on the right sub-mesh, then one FSDP2 unit per block before the "
+    "root (05c section 1) on the other. Return the model.",
+)
+def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
+    """4 gloo ranks, a drawn model shape: placements, one step's loss and gradients, bytes per rank."""
+    if not callable(parallelize):
+        raise Wrong(f"pass the function parallelize itself, not {type(parallelize).__name__}")
+    rng = random.Random(secrets.randbits(32))
+    case = {
+        "seed": rng.randrange(10**6),
+        "width": rng.choice((8, 12, 16)),
+        "hidden": rng.choice((16, 24, 32)),
+        "blocks": rng.choice((1, 2)),
+        "classes": rng.choice((3, 5)),
+    }
+    ranks = run_ranks(_step_rank, 4, parallelize, case, timeout_s=60.0, collective_timeout_s=10.0)
+    reference = _net(case)
+    x, y = _data(case)
+    loss = F.cross_entropy(reference(x), y)
+    loss.backward()
+    params = dict(reference.named_parameters())
+    order = sorted(params, key=lambda n: _tp_placement(n) is not None)  # the replicated ones say more
+    for rank, r in enumerate(ranks):
+        for name in order:
+            _check_layout(rank, name, r["layouts"].get(name))
+    for rank, r in enumerate(ranks):
+        if "error" in r:
+            raise Wrong(
+                f"the parameters are laid out right, but one training step raised on rank {rank}: "
+                f"{r['error']}"
+            )
+        if abs(r["loss"] - loss.item()) > 1e-10:
+            raise Wrong(
+                f"rank {rank}'s loss, averaged over the 'dp' rows, is {r['loss']:.10f}; one process on the "
+                f"whole batch gets {loss.item():.10f}."
+            )
+        for name, p in params.items():
+            g = r["grads"].get(name)
+            if g is None or g.shape != p.grad.shape:
+                raise Wrong(f"rank {rank}: {name} has no gradient of its full shape after backward.")
+            diff = (g - p.grad).abs().max().item()
+            if not diff < 1e-9:
+                raise Wrong(
+                    f"rank {rank}: the full gradient of {name} differs from one process's on the whole batch "
+                    f"by up to {diff:.3g}."
+                )
+    matrices = [n for n in params if n.endswith(("up.weight", "down.weight"))]
+    for rank, r in enumerate(ranks):
+        for name in matrices:
+            whole, local = params[name].numel(), r["layouts"][name]["local"]
+            if local * 4 != whole or r["grad_local"][name] != local:
+                raise Wrong(
+                    f"rank {rank} holds {local:,} of {name}'s {whole:,} numbers (gradient: "
+                    f"{r['grad_local'][name]:,}); on a 2 × 2 mesh each rank should hold a quarter."
+                )
+    shape = f"{case['blocks']} block(s) of {case['width']} → {case['hidden']} → {case['width']}"
+    return (
+        f"on 4 gloo ranks ({shape}, drawn now): every block's up and down split over 'tp' the Megatron way, "
+        "every parameter sharded over 'dp'; one step's loss and full gradients equal one process's on the "
+        "whole batch (float64), and each rank holds a quarter of every block's matrices and their gradients."
+    )
+
+
+# --- 08b.2: state bytes on the busiest rank -----------------------------------------------------------
+
+#: The notebook's digits MLP: (shape, dim split over "tp" or None).
+_DIGITS = {
+    "0.weight": ((128, 64), 0),
+    "0.bias": ((128,), 0),
+    "2.weight": ((128, 128), 1),
+    "2.bias": ((128,), None),
+    "4.weight": ((10, 128), None),
+    "4.bias": ((10,), None),
+}
+
+
+def _chunks(n: int, k: int) -> list[int]:
+    size = -(-n // k)  # torch.chunk: pieces of ceil(n / k), the last ones shorter or empty
+    return [max(0, min(size, n - i * size)) for i in range(k)]
+
+
+def _busiest(params: dict[str, tuple[tuple[int, ...], int | None]], dp: int, tp: int) -> int:
+    best = 0
+    for d in range(dp):
+        for t in range(tp):
+            total = 0
+            for shape, tp_dim in params.values():
+                local = list(shape)
+                if tp_dim is not None:
+                    local[tp_dim] = _chunks(local[tp_dim], tp)[t]
+                local[0] = _chunks(local[0], dp)[d]
+                total += math.prod(local)
+            best = max(best, 16 * total)
+    return best
+
+
+def _random_params(rng: random.Random) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    params: dict[str, tuple[tuple[int, ...], int | None]] = {}
+    for i in range(rng.randint(1, 3)):
+        width, hidden = rng.randint(3, 40), rng.randint(3, 90)
+        params[f"blocks.{i}.up.weight"] = ((hidden, width), 0)
+        params[f"blocks.{i}.up.bias"] = ((hidden,), 0)
+        params[f"blocks.{i}.down.weight"] = ((width, hidden), 1)
+        params[f"blocks.{i}.down.bias"] = ((width,), None)
+    params["head.weight"] = ((rng.randint(2, 11), rng.randint(3, 40)), None)
+    return params
+
+
+@exercise(
+    "08b.2",
+    "state bytes on the busiest rank",
+    hint="for each rank (d, t): a parameter split over 'tp' keeps its torch.chunk piece t of that dim, then "
+    "FSDP2 keeps piece d of dim 0 of what is left; the other parameters only the dim-0 piece d. Count 16 "
+    "bytes per number held (fp32 weight, gradient and two Adam states) and take the largest rank.",
+)
+def grade_busiest(busiest_rank_bytes: Callable[..., int]) -> str:
+    """The notebook's model on 2 × 2, then 20 random models and meshes with uneven shapes."""
+    if not callable(busiest_rank_bytes):
+        raise Wrong(f"pass the function busiest_rank_bytes itself, not {type(busiest_rank_bytes).__name__}")
+    rng = random.Random(secrets.randbits(32))
+    meshes = [(rng.choice((2, 3, 4)), rng.choice((2, 3, 4))) for _ in range(20)]
+    cases = [(_DIGITS, 2, 2)] + [(_random_params(rng), dp, tp) for dp, tp in meshes]
+    for params, dp, tp in cases:
+        got = busiest_rank_bytes(dict(params), dp, tp)
+        want = _busiest(params, dp, tp)
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise Wrong(f"busiest_rank_bytes must return a whole number of bytes, not {type(got).__name__}.")
+        if got != want:
+            shapes = {n: s for n, (s, _) in params.items()}
+            split = {n: d for n, (_, d) in params.items()}
+            raise Wrong(
+                f"for dp={dp}, tp={tp} and the shapes {shapes} (split over 'tp' along {split}), you return "
+                f"{got:,} B; that is not what the busiest rank holds."
+            )
+    return "your count matches torch.chunk's shards on the notebook's model and 20 random uneven ones."
