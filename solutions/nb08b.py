@@ -97,6 +97,28 @@ def parallelize_tp_only(model, mesh):
     return parallelize_module(model, mesh["tp"], plan)
 
 
+def parallelize_first_block_only(model, mesh):
+    """Section 2's plan copied with the first block's names only: the other blocks are not TP-split."""
+    parallelize_module(
+        model, mesh["tp"], {"blocks.0.up": ColwiseParallel(), "blocks.0.down": RowwiseParallel()}
+    )
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def parallelize_root_unit_only(model, mesh):
+    """Section 2's single FSDP2 unit for the whole model: no unit per block, as the exercise asks."""
+    plan = {}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.up"] = ColwiseParallel()
+        plan[f"blocks.{i}.down"] = RowwiseParallel()
+    parallelize_module(model, mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
 def busiest_rank_bytes_planner(params, dp, tp):
     """The planner's even split: Ψ/(tp) parameters sharded over dp, as if nothing were replicated."""
     from mgpu_helpers.planner import Layout, Workload, state_bytes
@@ -109,12 +131,25 @@ def busiest_rank_bytes_planner(params, dp, tp):
 # --- correct variants (each must get a ✅) ------------------------------------------------------------------
 
 
-def parallelize_root_unit_only(model, mesh):
-    """One FSDP2 unit for the whole model: more memory at once, the same sharding and gradients."""
-    for block in model.blocks:  # TP block by block, with plans keyed inside each block
+def parallelize_block_by_block(model, mesh):
+    """TP and FSDP2 block by block, with plans keyed inside each block, then the root."""
+    for block in model.blocks:
         parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     return model
+
+
+def busiest_rank_bytes_first_rank(params, dp, tp):
+    """Rank (0, 0) alone: torch.chunk's first piece is the largest along every dim, so it is the busiest."""
+    held = 0
+    for shape, tp_dim in params.values():
+        local = list(shape)
+        if tp_dim is not None:
+            local[tp_dim] = -(-local[tp_dim] // tp)
+        local[0] = -(-local[0] // dp)
+        held += math.prod(local)
+    return 16 * held
 
 
 SOLUTIONS = {"08b.1": (parallelize,), "08b.2": (busiest_rank_bytes,)}
@@ -125,7 +160,12 @@ SHORTCUTS = {
         "fsdp_over_all_ranks": (parallelize_fsdp_over_all_ranks,),
         "tp_only": (parallelize_tp_only,),
         "fsdp_on_the_whole_mesh": (parallelize_fsdp_on_the_whole_mesh,),
+        "first_block_only": (parallelize_first_block_only,),
+        "root_unit_only": (parallelize_root_unit_only,),
     },
     "08b.2": {"planner_even_split": (busiest_rank_bytes_planner,)},
 }
-VARIANTS = {"08b.1": {"root_unit_only": (parallelize_root_unit_only,)}}
+VARIANTS = {
+    "08b.1": {"block_by_block": (parallelize_block_by_block,)},
+    "08b.2": {"first_rank": (busiest_rank_bytes_first_rank,)},
+}

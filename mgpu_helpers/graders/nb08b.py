@@ -8,7 +8,8 @@ the exact state bytes on the busiest rank of such a layout (08b.2), a plain func
 every parameter's placements, runs one training step (each ``"dp"`` row takes its half of the batch)
 and compares the loss and the full (gathered) gradients with one process's on the whole batch. Every
 parameter must be sharded over ``"dp"``; each block's ``up`` split by output features and ``down`` by
-input features over ``"tp"``; each rank then holds a quarter of every block's matrices.
+input features over ``"tp"``; every block an FSDP unit of its own (2 or 3 blocks, so that a plan for
+``blocks.0`` alone fails); each rank then holds a quarter of every block's matrices.
 
 08b.2 calls the student's ``busiest_rank_bytes(params, dp, tp)`` on the notebook's model and on random
 models with replicated parameters and uneven shapes, against ``torch.chunk``'s split.
@@ -84,6 +85,7 @@ def _step_rank(rank: int, world_size: int, parallelize: Any, case: dict[str, int
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)  # full_tensor's note
@@ -93,13 +95,18 @@ def _step_rank(rank: int, world_size: int, parallelize: Any, case: dict[str, int
     out = parallelize(model, mesh)
     module = out if isinstance(out, nn.Module) else model
     layouts = {n: _layout(p) for n, p in model.named_parameters()}
+    units = [isinstance(block, FSDPModule) for block in model.blocks]
     x, y = _data(case)
     half = slice(4 * mesh["dp"].get_local_rank(), 4 * mesh["dp"].get_local_rank() + 4)
     try:
         loss = F.cross_entropy(module(x[half]), y[half])
         loss.backward()
     except Exception as exc:  # reported after the placements, which say more
-        return {"layouts": layouts, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        return {
+            "layouts": layouts,
+            "units": units,
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+        }
     total = loss.detach().clone()
     dist.all_reduce(total, group=mesh["dp"].get_group())
     grads, grad_local = {}, {}
@@ -107,7 +114,13 @@ def _step_rank(rank: int, world_size: int, parallelize: Any, case: dict[str, int
         g = p.grad
         grads[n] = None if g is None else (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone()
         grad_local[n] = None if g is None else (g.to_local() if isinstance(g, DTensor) else g).numel()
-    return {"layouts": layouts, "loss": (total / 2).item(), "grads": grads, "grad_local": grad_local}
+    return {
+        "layouts": layouts,
+        "units": units,
+        "loss": (total / 2).item(),
+        "grads": grads,
+        "grad_local": grad_local,
+    }
 
 
 def _tp_placement(name: str) -> tuple[str, int | None] | None:
@@ -180,7 +193,7 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
         "seed": rng.randrange(10**6),
         "width": rng.choice((8, 12, 16)),
         "hidden": rng.choice((16, 24, 32)),
-        "blocks": rng.choice((1, 2)),
+        "blocks": rng.choice((2, 3)),  # more than one: a plan for blocks.0 alone must fail
         "classes": rng.choice((3, 5)),
     }
     ranks = run_ranks(_step_rank, 4, parallelize, case, timeout_s=60.0, collective_timeout_s=10.0)
@@ -193,6 +206,13 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
     for rank, r in enumerate(ranks):
         for name in order:
             _check_layout(rank, name, r["layouts"].get(name))
+    for rank, r in enumerate(ranks):
+        if not all(r["units"]):
+            raise Wrong(
+                f"on rank {rank}, blocks {[i for i, u in enumerate(r['units']) if not u]} are not FSDP units "
+                "of their own: call fully_shard on every block before the root (05c section 1), so that a "
+                "deep model gathers one block's weights at a time."
+            )
     for rank, r in enumerate(ranks):
         if "error" in r:
             raise Wrong(
