@@ -1,9 +1,12 @@
-"""Reference solutions for notebook 05f (expert parallelism by hand). PARTIAL: the grader is not built yet.
+"""Reference solutions of notebook 05f's exercise and typical wrong attempts and shortcuts
+(run by tests/test_solutions.py, tests/test_shortcuts.py and tests/test_grader_variants.py).
 
-``dispatch_combine`` is what exercise 05f.1 asks for: send each routed (token, expert) pair to the rank
-that holds the expert with two ``all_to_all_single`` calls (counts, then tokens), run the local experts,
-send the results back with a third, put them back in the original order and combine with the gates.
+05f.1 asks for ``dispatch_combine(x, idx, gate, local_experts, rank, world_size)``: send one row per
+(token, chosen expert) pair to the rank that holds the expert with ``dist.all_to_all_single`` (counts
+first, then the rows, with the routing's split sizes), run the local experts, send the results back with
+the split sizes swapped, put them back in the tokens' order and combine them with the gates.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,7 +14,7 @@ import torch.distributed as dist
 
 
 class AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with a backward: the gradient travels the same way back, splits swapped."""
+    """The notebook's ``all_to_all_single`` with a backward: the gradient travels back, splits swapped."""
 
     @staticmethod
     def forward(ctx, x, recv_split, send_split):
@@ -26,54 +29,161 @@ class AllToAll(torch.autograd.Function):
         return AllToAll.apply(grad, send_split, recv_split), None, None
 
 
-def expert_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def expert_mlp(x, w1, w2):
     """One expert: a two-layer MLP."""
     return torch.relu(x @ w1) @ w2
 
 
-def route(x: torch.Tensor, router_w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing: (expert index [T, k], gate weight [T, k]); gates = softmax over the k chosen logits."""
-    logits = x @ router_w
-    top, idx = logits.topk(k, dim=-1)
-    return idx, top.softmax(dim=-1)
-
-
-def moe_reference(x, router_w, experts, k):
-    """The unsplit MoE layer in one process: every expert here."""
-    idx, gate = route(x, router_w, k)
-    out = torch.zeros_like(x)
-    for e, (w1, w2) in enumerate(experts):
-        tok, slot = (idx == e).nonzero(as_tuple=True)
-        if len(tok):
-            out = out.index_add(0, tok, gate[tok, slot, None] * expert_mlp(x[tok], w1, w2))
-    return out
+def _run_local_experts(x_in, e_in, local_experts, first):
+    y_in = torch.zeros_like(x_in)
+    for j, (w1, w2) in enumerate(local_experts):
+        rows = (e_in == first + j).nonzero(as_tuple=True)[0]
+        y_in = y_in.index_copy(0, rows, expert_mlp(x_in[rows], w1, w2))
+    return y_in
 
 
 def dispatch_combine(x, idx, gate, local_experts, rank, world_size):
-    """Expert parallel: this rank's tokens go to the experts' ranks and come back, combined with gates."""
+    """Sort-based grouping: the (token, slot) pairs sorted by expert are grouped by destination rank."""
     n_local = len(local_experts)
     T, k = idx.shape
-    flat_e = idx.reshape(-1)                          # expert of each (token, slot) pair
-    flat_tok = torch.arange(T).repeat_interleave(k)   # token of each pair
-    order = torch.argsort(flat_e, stable=True)        # sort by expert => grouped by destination rank
-    dest = flat_e[order] // n_local
-    send_counts = torch.bincount(dest, minlength=world_size)
+    expert = idx.reshape(-1)  # pair i is token i // k, slot i % k
+    order = torch.argsort(expert, stable=True)
+    send_counts = torch.bincount(expert // n_local, minlength=world_size)
     recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)  # 1) how many rows each rank will send me
-    send_split, recv_split = send_counts.tolist(), recv_counts.tolist()
-    n_recv = sum(recv_split)
-    # 2) the tokens (autograd-aware all-to-all) and their expert ids
-    recv_x = AllToAll.apply(x[flat_tok[order]], recv_split, send_split)
-    recv_e = flat_e.new_empty(n_recv)
-    dist.all_to_all_single(recv_e, flat_e[order].contiguous(), recv_split, send_split)
-    local_e = recv_e - rank * n_local
-    y = torch.zeros_like(recv_x)
-    for j, (w1, w2) in enumerate(local_experts):
-        rows = (local_e == j).nonzero(as_tuple=True)[0]
-        if len(rows):
-            y = y.index_copy(0, rows, expert_mlp(recv_x[rows], w1, w2))
-    # 3) results back to the ranks that own the tokens, same splits reversed
-    back = AllToAll.apply(y, send_split, recv_split)
-    # undo the sort: row i of `back` belongs to pair order[i]
-    pair_out = torch.empty_like(back).index_copy(0, order, back)
-    return (pair_out.view(T, k, -1) * gate[..., None]).sum(1)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send, recv = send_counts.tolist(), recv_counts.tolist()
+    x_in = AllToAll.apply(x[order // k], recv, send)
+    e_in = expert.new_empty(sum(recv))
+    dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
+    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
+    y = AllToAll.apply(y_in, send, recv)
+    y = torch.empty_like(y).index_copy(0, order, y)  # row i of y belongs to pair order[i]
+    return (y.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+def dispatch_combine_mask_grouping(x, idx, gate, local_experts, rank, world_size):
+    """A variant: the pairs grouped by destination rank with a mask per rank, not a sort."""
+    n_local = len(local_experts)
+    T, k = idx.shape
+    expert = idx.reshape(-1)
+    dest = expert // n_local
+    groups = [(dest == r).nonzero(as_tuple=True)[0] for r in range(world_size)]
+    order = torch.cat(groups)
+    send = [len(g) for g in groups]
+    recv_counts = torch.empty(world_size, dtype=torch.long)
+    dist.all_to_all_single(recv_counts, torch.tensor(send))
+    recv = recv_counts.tolist()
+    x_in = AllToAll.apply(x[order // k], recv, send)
+    e_in = expert.new_empty(sum(recv))
+    dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
+    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
+    y = AllToAll.apply(y_in, send, recv)
+    out = torch.zeros(T * k, x.shape[1], dtype=x.dtype).index_add(0, order, y)
+    return (out.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+def dispatch_combine_not_permuted_back(x, idx, gate, local_experts, rank, world_size):
+    """Typical slip: the results come back in the sorted order and are combined as if in token order."""
+    n_local = len(local_experts)
+    T, k = idx.shape
+    expert = idx.reshape(-1)
+    order = torch.argsort(expert, stable=True)
+    send_counts = torch.bincount(expert // n_local, minlength=world_size)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send, recv = send_counts.tolist(), recv_counts.tolist()
+    x_in = AllToAll.apply(x[order // k], recv, send)
+    e_in = expert.new_empty(sum(recv))
+    dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
+    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
+    y = AllToAll.apply(y_in, send, recv)  # still sorted by expert
+    return (y.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+def all_experts_on_every_rank(x, idx, gate, local_experts, rank, world_size):
+    """Shortcut: gather every expert's weights (autograd-aware) and compute the whole layer locally."""
+    from torch.distributed.nn.functional import all_gather
+
+    experts = []
+    for j in range(len(local_experts)):
+        w1s, w2s = all_gather(local_experts[j][0]), all_gather(local_experts[j][1])
+        experts.append(list(zip(w1s, w2s, strict=True)))
+    experts = [experts[j][r] for r in range(world_size) for j in range(len(local_experts))]
+    out = torch.zeros_like(x)
+    for e, (w1, w2) in enumerate(experts):
+        tok, slot = (idx == e).nonzero(as_tuple=True)
+        out = out.index_add(0, tok, gate[tok, slot, None] * expert_mlp(x[tok], w1, w2))
+    return out
+
+
+def all_gather_every_token(x, idx, gate, local_experts, rank, world_size):
+    """Shortcut: every rank gets every token (autograd-aware all-gather), runs its experts on all of
+    them, and the partial outputs are summed with an all-reduce."""
+    from torch.distributed import nn as dnn
+
+    counts = [torch.zeros(1, dtype=torch.long) for _ in range(world_size)]
+    dist.all_gather(counts, torch.tensor([x.shape[0]]))
+    sizes = [int(c) for c in counts]
+    biggest = max(sizes)
+    pad = biggest - x.shape[0]
+
+    def padded(t):
+        return torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+
+    xs, gs = dnn.functional.all_gather(padded(x)), dnn.functional.all_gather(padded(gate))
+    ids = [torch.zeros(biggest, idx.shape[1], dtype=idx.dtype) for _ in range(world_size)]
+    dist.all_gather(ids, padded(idx))
+    n_local = len(local_experts)
+    outs = []
+    for r in range(world_size):
+        xr, ir, gr = xs[r][: sizes[r]], ids[r][: sizes[r]], gs[r][: sizes[r]]
+        out = torch.zeros_like(xr)
+        for j, (w1, w2) in enumerate(local_experts):
+            tok, slot = (ir == rank * n_local + j).nonzero(as_tuple=True)
+            out = out.index_add(0, tok, gr[tok, slot, None] * expert_mlp(xr[tok], w1, w2))
+        outs.append(padded_to(out, biggest))
+    total = dnn.functional.all_reduce(torch.stack(outs))
+    return total[rank][: x.shape[0]]
+
+
+def padded_to(t, n):
+    return torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])])
+
+
+def padded_fixed_splits(x, idx, gate, local_experts, rank, world_size):
+    """Shortcut: every destination gets a fixed T*k rows (padding), so the split sizes ignore the routing."""
+    n_local = len(local_experts)
+    T, k = idx.shape
+    sizes = torch.empty(world_size, dtype=torch.long)
+    dist.all_to_all_single(sizes, torch.full((world_size,), T))  # every rank's number of tokens
+    slots = int(sizes.max()) * k  # rows reserved per destination: enough for any routing
+    expert = idx.reshape(-1)
+    dest = expert // n_local
+    rows, ids = [], []
+    for r in range(world_size):
+        pairs = (dest == r).nonzero(as_tuple=True)[0]
+        rows.append(padded_to(x[pairs // k], slots))
+        ids.append(torch.cat([expert[pairs], expert.new_full((slots - len(pairs),), -1)]))
+    fixed = [slots] * world_size
+    x_in = AllToAll.apply(torch.cat(rows), fixed, fixed)
+    e_in = expert.new_empty(slots * world_size)
+    dist.all_to_all_single(e_in, torch.cat(ids), fixed, fixed)
+    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
+    y = AllToAll.apply(y_in, fixed, fixed)
+    out = torch.zeros(T * k, x.shape[1], dtype=x.dtype)
+    for r in range(world_size):
+        pairs = (dest == r).nonzero(as_tuple=True)[0]
+        out = out.index_add(0, pairs, y[r * slots : r * slots + len(pairs)])
+    return (out.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+SOLUTIONS = {"05f.1": (dispatch_combine,)}
+WRONG = {"05f.1": (dispatch_combine_not_permuted_back,)}
+SHORTCUTS = {
+    "05f.1": {
+        "all_experts_on_every_rank": (all_experts_on_every_rank,),
+        "all_gather_every_token": (all_gather_every_token,),
+        "padded_fixed_splits": (padded_fixed_splits,),
+    }
+}
+VARIANTS = {"05f.1": {"mask_grouping": (dispatch_combine_mask_grouping,)}}
