@@ -9,6 +9,8 @@ the split sizes swapped, put them back in the tokens' order and combine them wit
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -177,13 +179,63 @@ def padded_fixed_splits(x, idx, gate, local_experts, rank, world_size):
     return (out.view(T, k, -1) * gate[..., None]).sum(1)
 
 
-SOLUTIONS = {"05f.1": (dispatch_combine,)}
-WRONG = {"05f.1": (dispatch_combine_not_permuted_back,)}
+def kept(idx, n_experts, capacity_factor):
+    """05f.2: which (token, slot) pairs fit, every first choice before any second choice."""
+    T, k = idx.shape
+    capacity = math.ceil(capacity_factor * T * k / n_experts)
+    used = [0] * n_experts
+    keep = torch.zeros(T, k, dtype=torch.bool)
+    for slot in range(k):
+        for t in range(T):
+            e = int(idx[t, slot])
+            if used[e] < capacity:
+                used[e] += 1
+                keep[t, slot] = True
+    return keep
+
+
+def kept_cumsum(idx, n_experts, capacity_factor):
+    """A variant, vectorised as in Switch Transformer: position in the expert's queue by a cumulative sum."""
+    T, k = idx.shape
+    capacity = math.ceil(capacity_factor * T * k / n_experts)
+    one_hot = torch.nn.functional.one_hot(idx.T.reshape(-1), n_experts)  # slot-major: first choices first
+    position = (one_hot.cumsum(0) * one_hot).sum(1)  # 1-based place in its expert's queue
+    return (position <= capacity).view(k, T).T
+
+
+def kept_token_order(idx, n_experts, capacity_factor):
+    """Typical slip: pairs taken token by token, so a token's second choice beats later first choices."""
+    T, k = idx.shape
+    capacity = math.ceil(capacity_factor * T * k / n_experts)
+    used = [0] * n_experts
+    keep = torch.zeros(T, k, dtype=torch.bool)
+    for t in range(T):
+        for slot in range(k):
+            e = int(idx[t, slot])
+            if used[e] < capacity:
+                used[e] += 1
+                keep[t, slot] = True
+    return keep
+
+
+def kept_graders_own(idx, n_experts, capacity_factor):
+    """The grader's reference as the answer key."""
+    from mgpu_helpers.graders.nb05f import _kept
+
+    return _kept(idx, n_experts, capacity_factor)
+
+
+SOLUTIONS = {"05f.1": (dispatch_combine,), "05f.2": (kept,)}
+WRONG = {"05f.1": (dispatch_combine_not_permuted_back,), "05f.2": (kept_token_order,)}
 SHORTCUTS = {
     "05f.1": {
         "all_experts_on_every_rank": (all_experts_on_every_rank,),
         "all_gather_every_token": (all_gather_every_token,),
         "padded_fixed_splits": (padded_fixed_splits,),
-    }
+    },
+    "05f.2": {"graders_own_reference": (kept_graders_own,)},
 }
-VARIANTS = {"05f.1": {"mask_grouping": (dispatch_combine_mask_grouping,)}}
+VARIANTS = {
+    "05f.1": {"mask_grouping": (dispatch_combine_mask_grouping,)},
+    "05f.2": {"cumsum_one_hot": (kept_cumsum,)},
+}
