@@ -102,6 +102,32 @@ def dispatch_combine_not_permuted_back(x, idx, gate, local_experts, rank, world_
     return (y.view(T, k, -1) * gate[..., None]).sum(1)
 
 
+def one_top1_exchange_per_slot(x, idx, gate, local_experts, rank, world_size):
+    """Shortcut: the notebook's top-1 function once per slot: k exchanges there and k back."""
+    out = torch.zeros_like(x)
+    for j in range(idx.shape[1]):
+        out = out + _top1(x, idx[:, j : j + 1], gate[:, j : j + 1], local_experts, rank, world_size)
+    return out
+
+
+def _top1(x, idx, gate, local_experts, rank, world_size):
+    """The notebook's ``moe_expert_parallel_top1``."""
+    n_local = len(local_experts)
+    expert = idx[:, 0]
+    order = torch.argsort(expert, stable=True)
+    send_counts = torch.bincount(expert // n_local, minlength=world_size)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send, recv = send_counts.tolist(), recv_counts.tolist()
+    x_in = AllToAll.apply(x[order], recv, send)
+    e_in = expert.new_empty(sum(recv))
+    dist.all_to_all_single(e_in, expert[order], recv, send)
+    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
+    y = AllToAll.apply(y_in, send, recv)
+    y = torch.empty_like(y).index_copy(0, order, y)
+    return gate * y
+
+
 def all_experts_on_every_rank(x, idx, gate, local_experts, rank, world_size):
     """Shortcut: gather every expert's weights (autograd-aware) and compute the whole layer locally."""
     from torch.distributed.nn.functional import all_gather
@@ -232,6 +258,7 @@ SHORTCUTS = {
         "all_experts_on_every_rank": (all_experts_on_every_rank,),
         "all_gather_every_token": (all_gather_every_token,),
         "padded_fixed_splits": (padded_fixed_splits,),
+        "one_top1_exchange_per_slot": (one_top1_exchange_per_slot,),
     },
     "05f.2": {"graders_own_reference": (kept_graders_own,)},
 }

@@ -170,6 +170,9 @@ def _rank(rank: int, world_size: int, fn: Any, seed: int) -> list[dict[str, Any]
                     "expert_grads": [[w.grad for w in pair] for pair in local],
                     "calls": forward_calls,
                     "send": send,
+                    "per_slot": [
+                        torch.bincount(idx[:, j] // n_local, minlength=world_size).tolist() for j in range(k)
+                    ],
                 }
             )
     finally:
@@ -228,6 +231,12 @@ def grade_dispatch_combine(fn: Any) -> str:
             recv = [ranks[src][i]["send"][rank] for src in range(n)]
             there = any(c["send"] == res["send"] and c["recv"] == recv for c in moves)
             back = any(c["send"] == recv and c["recv"] == res["send"] for c in moves)
+            if k > 1 and not there and any(c["send"] in res["per_slot"] for c in moves):
+                raise Wrong(
+                    f"{when}, rank {rank} sent each slot's rows in an all-to-all of its own ({len(moves)} "
+                    "exchanges of float rows): send all k rows of every token in one all-to-all there and "
+                    "one back, one message per pair of ranks, as an MoE layer does."
+                )
             if not (there and back):
                 raise Wrong(
                     f"{when}, rank {rank}'s all_to_all_single calls with float tensors had split sizes "
