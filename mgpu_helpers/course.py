@@ -365,6 +365,18 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         ),
     ),
     Notebook(
+        "05f",
+        "05f_expert_parallel.ipynb",
+        "Expert parallelism: routing tokens with all-to-all",
+        "a mixture-of-experts layer (top-1/top-2 router, gates, load, capacity factor), expert parallelism "
+        "by hand with all_to_all_single (counts, dispatch, combine, a differentiable all-to-all) equal to "
+        "the unsplit layer; memory and traffic per rank",
+        "2 gloo processes",
+        "2 gloo processes on the CPU (the lesson is the routing)",
+        "2 gloo processes on the CPU; the text says what the all-to-all costs over NVLink and between nodes",
+        helpers=("exercises", "launching"),
+    ),
+    Notebook(
         "06a",
         "06a_search_methods.ipynb",
         "Hyperparameter search methods",
