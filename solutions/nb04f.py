@@ -25,6 +25,12 @@ class ShardedAdam:
         out[: self.numel] = torch.cat([t.flatten() for t in tensors])
         return out
 
+    def _copy_back(self, flat):
+        pieces = flat[: self.numel].split([p.numel() for p in self.params])
+        with torch.no_grad():
+            for p, piece in zip(self.params, pieces, strict=True):
+                p.copy_(piece.view_as(p))
+
     def step(self):
         grad = self._flat([p.grad for p in self.params])
         dist.all_reduce(grad)  # every rank: the sum of the ranks' gradients
@@ -32,9 +38,7 @@ class ShardedAdam:
         self.local.step()  # Adam on my shard: my state, my update
         flat = torch.empty(self.shard_len * self.world, dtype=self.shard.dtype)
         dist.all_gather(list(flat.chunk(self.world)), self.shard.detach())  # every rank's updated shard
-        with torch.no_grad():
-            for p, piece in zip(self.params, flat[: self.numel].split([p.numel() for p in self.params])):
-                p.copy_(piece.view_as(p))
+        self._copy_back(flat)
 
 
 class ShardedAdamNoGather(ShardedAdam):
@@ -47,9 +51,7 @@ class ShardedAdamNoGather(ShardedAdam):
         self.local.step()
         flat = self._flat([p.detach() for p in self.params])
         flat[self.mine] = self.shard.detach()
-        with torch.no_grad():
-            for p, piece in zip(self.params, flat[: self.numel].split([p.numel() for p in self.params])):
-                p.copy_(piece.view_as(p))
+        self._copy_back(flat)
 
 
 class ShardedAdamLocalGradients(ShardedAdam):
@@ -61,9 +63,7 @@ class ShardedAdamLocalGradients(ShardedAdam):
         self.local.step()
         flat = torch.empty(self.shard_len * self.world, dtype=self.shard.dtype)
         dist.all_gather(list(flat.chunk(self.world)), self.shard.detach())
-        with torch.no_grad():
-            for p, piece in zip(self.params, flat[: self.numel].split([p.numel() for p in self.params])):
-                p.copy_(piece.view_as(p))
+        self._copy_back(flat)
 
 
 # --- another correct answer -----------------------------------------------------------------------------
@@ -75,7 +75,7 @@ class ShardedAdamWholeParameters:
 
     def __init__(self, params, lr):
         self.params = list(params)
-        world, load = dist.get_world_size(), [0] * dist.get_world_size()
+        load = [0] * dist.get_world_size()
         self.owner = {}
         for p in sorted(self.params, key=lambda p: p.numel(), reverse=True):
             rank = load.index(min(load))

@@ -207,7 +207,8 @@ def grade_sharded_adam(cls: Any) -> str:
         )
     if any(r["state"] > 2 * (share + max(sizes)) for r in ranks):
         raise Wrong(
-            f"the shares are far from even ({per_rank} of {psi:,} elements): each rank should own about 1/{n}."
+            f"the shares are far from even ({per_rank} of {psi:,} elements): each rank should own "
+            f"about 1/{n}."
         )
     for rank, r in enumerate(ranks):
         moved = sum(
@@ -216,10 +217,10 @@ def grade_sharded_adam(cls: Any) -> str:
         )
         if moved == 0:
             raise Wrong(
-                f"in a fourth step the grader marked what dist.all_gather / dist.broadcast delivered to rank "
-                f"{rank} from the other rank, and rank {rank}'s parameters did not change: its updates of the "
-                "other rank's shard were computed locally, not received. Each rank updates its shard only "
-                "and receives the others'."
+                f"in a fourth step the grader marked what dist.all_gather / dist.broadcast delivered to "
+                f"rank {rank} from the other rank, and rank {rank}'s parameters did not change: its updates "
+                "of the other rank's shard were computed locally, not received. Each rank updates its shard "
+                "only and receives the others'."
             )
     return (
         f"on {n} real gloo processes, a drawn MLP of {psi:,} parameters: equal to torch.optim.Adam on all "
