@@ -168,14 +168,35 @@ class ComputesOthersUpdates(ShardedAdamWholeParameters):
             dist.broadcast(p.data.clone(), src=self.owner[p])  # sent, but what arrives is not used
 
 
-SOLUTIONS = {"04f.1": (ShardedAdam,)}
-WRONG = {"04f.1": (ShardedAdamNoGather, ShardedAdamLocalGradients)}
+def bytes_sent(n_params, world_size, bytes_per_number, method):
+    ring = (world_size - 1) / world_size * n_params * bytes_per_number  # one reduce-scatter or all-gather
+    passes = {"ddp": 2, "zero1_all_reduce": 3, "zero1_reduce_scatter": 2}[method]
+    return passes * ring
+
+
+def bytes_sent_whole_message(n_params, world_size, bytes_per_number, method):
+    """Typical slip: every collective sends the whole message, forgetting the ring's (N - 1)/N."""
+    passes = {"ddp": 2, "zero1_all_reduce": 3, "zero1_reduce_scatter": 2}[method]
+    return passes * n_params * bytes_per_number
+
+
+def bytes_sent_graders_own(n_params, world_size, bytes_per_number, method):
+    """The grader's own count as the answer key."""
+    from mgpu_helpers.graders.nb04f import _sent
+
+    return _sent(n_params, world_size, bytes_per_number, method)
+
+
+SOLUTIONS = {"04f.1": (ShardedAdam,), "04f.2": (bytes_sent,)}
+WRONG = {"04f.1": (ShardedAdamNoGather,), "04f.2": (bytes_sent_whole_message,)}
 SHORTCUTS = {
     "04f.1": {
         "plain_adam_every_rank": (PlainAdamEveryRank,),
         "wraps_torch_zero": (WrapsTorchZero,),
         "steps_all_keeps_half": (StepsAllKeepsHalf,),
         "computes_others_updates": (ComputesOthersUpdates,),
-    }
+        "never_averages_gradients": (ShardedAdamLocalGradients,),
+    },
+    "04f.2": {"graders_own_count": (bytes_sent_graders_own,)},
 }
 VARIANTS = {"04f.1": {"whole_parameters_greedy": (ShardedAdamWholeParameters,)}}

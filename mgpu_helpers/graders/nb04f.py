@@ -1,5 +1,5 @@
-"""Used by notebook 04f's exercise: a ZeRO-1 Adam (04f.1) run on 2 real gloo processes started with
-:func:`mgpu_helpers.launching.launch`.
+"""Used by notebook 04f's exercises: a ZeRO-1 Adam (04f.1) run on 2 real gloo processes started with
+:func:`mgpu_helpers.launching.launch`, and the bytes one rank sends per step (04f.2), a plain function.
 
 04f.1 builds the student's ``cls(params, lr)`` on 2 ranks around a float64 MLP whose widths and weights
 are drawn at grading time (the same weights on both ranks), and runs 3 steps (forward on the rank's own
@@ -10,6 +10,10 @@ over the ranks (padding up to N - 1 elements allowed), no rank holding much more
 updated parameters really travel: in a fourth step the grader adds a mark to what ``dist.all_gather``
 and ``dist.broadcast`` deliver from the *other* rank, and every rank's parameters must show it.
 torch's ``ZeroRedundancyOptimizer`` is not accepted.
+
+04f.2 calls the student's ``bytes_sent(n_params, world_size, bytes_per_number, method)`` on fixed and
+random cases of DDP, ZeRO-1 with an all-reduce and ZeRO-1 with a reduce-scatter, against a ring's bytes
+per rank; calling the grader's own count is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..exercises import Wrong, exercise
+from ..exercises import Wrong, calls_during, exercise
 from ._ranks import run_ranks
 
 _STEPS = 3  # Adam's state after 3 steps: a dropped or reset state shows
@@ -227,3 +231,49 @@ def grade_sharded_adam(cls: Any) -> str:
         f"samples after {_STEPS} steps; Adam moments per rank ({per_rank} elements) cover the model once; "
         "the other rank's updated parameters arrived through the collectives."
     )
+
+
+# --- 04f.2: what one rank sends per step -----------------------------------------------------------------
+
+_METHODS = ("ddp", "zero1_all_reduce", "zero1_reduce_scatter")
+
+
+def _sent(n_params: int, world_size: int, bytes_per_number: int, method: str) -> float:
+    share = (world_size - 1) / world_size * n_params * bytes_per_number  # one ring pass over the rank's data
+    return {"ddp": 2 * share, "zero1_all_reduce": 3 * share, "zero1_reduce_scatter": 2 * share}[method]
+
+
+_FIXED_SENT = ((9_924, 2, 4), (924_682, 2, 4), (7 * 10**9, 8, 2), (10**6, 1, 4), (1_000, 5, 8))
+
+
+@exercise(
+    "04f.2",
+    "what one rank sends per step",
+    hint="on a ring, each of the N ranks sends (N - 1)/N of the data once in a reduce-scatter and once in "
+    "an all-gather; an all-reduce is a reduce-scatter followed by an all-gather. Count which collectives "
+    "each method runs on Ψ numbers of bytes_per_number bytes.",
+)
+def grade_bytes_sent(bytes_sent: Any) -> str:
+    """Fixed and random cases of the three methods, against the ring's per-rank volume."""
+    if not callable(bytes_sent):
+        raise Wrong(f"pass the function bytes_sent itself, not {type(bytes_sent).__name__}")
+    rng = torch.Generator().manual_seed(secrets.randbits(32))
+    randoms = [
+        (int(torch.randint(1, 10**9, (1,), generator=rng)), int(torch.randint(2, 65, (1,), generator=rng)), 2)
+        for _ in range(8)
+    ]
+    for n_params, world, b in (*_FIXED_SENT, *randoms):
+        for method in _METHODS:
+            args = (n_params, world, b, method)
+            got, own = calls_during(bytes_sent, lambda code: code is _sent.__code__, *args)
+            if own:
+                raise Wrong("your bytes_sent calls the grader's own count: write the formula.")
+            want = _sent(*args)
+            if not isinstance(got, (int, float)) or isinstance(got, bool):
+                raise Wrong(f"bytes_sent must return a number of bytes, not {type(got).__name__}.")
+            if abs(got - want) > 1e-6 * max(1.0, want):
+                raise Wrong(
+                    f"for Ψ = {n_params:,} numbers of {b} bytes on N = {world} ranks, method {method!r}, you "
+                    f"return {got:,.0f} bytes per rank; that is not what the ring sends."
+                )
+    return f"your counts match the ring's bytes per rank for the 3 methods on {len(_FIXED_SENT) + 8} cases."
