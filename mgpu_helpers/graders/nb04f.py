@@ -8,8 +8,8 @@ samples, ``backward()``, ``step()``). Checks: every rank's parameters equal one 
 (every ``torch.optim.Optimizer`` reachable through its attributes) covers each parameter element once
 over the ranks (padding up to N - 1 elements allowed), no rank holding much more than its share; and the
 updated parameters really travel: in a fourth step the grader adds a mark to what ``dist.all_gather``
-and ``dist.broadcast`` deliver from the *other* rank, and every rank's parameters must show it.
-torch's ``ZeroRedundancyOptimizer`` is not accepted.
+(or ``all_gather_into_tensor``) and ``dist.broadcast`` deliver from the *other* rank, and every rank's
+parameters must show it. torch's ``ZeroRedundancyOptimizer`` is not accepted.
 
 04f.2 calls the student's ``bytes_sent(n_params, world_size, bytes_per_number, method)`` on fixed and
 random cases of DDP, ZeRO-1 with an all-reduce and ZeRO-1 with a reduce-scatter, against a ring's bytes
@@ -105,7 +105,19 @@ def _marking(rank: int, real: dict[str, Any]) -> dict[str, Any]:
             tensor += _MARK
         return handle
 
-    return {"all_gather": all_gather, "broadcast": broadcast}
+    def into_tensor(name: str) -> Any:  # all_gather_into_tensor / all_gather_single: one output tensor
+        def gather(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            handle = real[name](output, tensor, *args, **kwargs)
+            done(handle)
+            for j, piece in enumerate(output.chunk(max(1, output.numel() // max(1, tensor.numel())))):
+                if j != rank:
+                    piece += _MARK
+            return handle
+
+        return gather
+
+    wrapped = {"all_gather": all_gather, "broadcast": broadcast}
+    return wrapped | {name: into_tensor(name) for name in real if name not in wrapped}
 
 
 def _zero_rank(rank: int, world_size: int, cls: Any, widths: tuple[int, ...], seed: int) -> dict[str, Any]:
@@ -122,16 +134,17 @@ def _zero_rank(rank: int, world_size: int, cls: Any, widths: tuple[int, ...], se
         if step < _STEPS:
             opt.step()
         else:  # the probe: what arrives from the other rank carries a mark
-            real = {name: getattr(dist, name) for name in ("all_gather", "broadcast")}
-            for name, fn in _marking(rank, real).items():
-                setattr(dist, name, fn)
-                setattr(c10d, name, fn)
+            names = ("all_gather", "broadcast", "all_gather_into_tensor", "all_gather_single")
+            real = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
+            for module in (dist, c10d):
+                for name, fn in _marking(rank, real).items():
+                    setattr(module, name, fn)
             try:
                 opt.step()
             finally:
-                for name, fn in real.items():
-                    setattr(dist, name, fn)
-                    setattr(c10d, name, fn)
+                for module in (dist, c10d):
+                    for name, fn in real.items():
+                        setattr(module, name, fn)
         after.append([p.detach().clone() for p in model.parameters()])
     optimizers = _optimizers(opt)
     return {
@@ -221,10 +234,10 @@ def grade_sharded_adam(cls: Any) -> str:
         )
         if moved == 0:
             raise Wrong(
-                f"in a fourth step the grader marked what dist.all_gather / dist.broadcast delivered to "
-                f"rank {rank} from the other rank, and rank {rank}'s parameters did not change: its updates "
-                "of the other rank's shard were computed locally, not received. Each rank updates its shard "
-                "only and receives the others'."
+                "in a fourth step the grader marked what dist.all_gather (or all_gather_into_tensor) and "
+                f"dist.broadcast delivered to rank {rank} from the other rank, and rank {rank}'s parameters "
+                "did not change: its updates of the other rank's shard were computed locally, not received. "
+                "Each rank updates its shard only and receives the others'."
             )
     return (
         f"on {n} real gloo processes, a drawn MLP of {psi:,} parameters: equal to torch.optim.Adam on all "
