@@ -296,6 +296,17 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=("exercises", "hardware", "labels", "launching", "models"),
     ),
     Notebook(
+        "04f",
+        "04f_build_zero1.ipynb",
+        "Build ZeRO-1: a sharded optimizer",
+        "Adam's state counted; ZeRO-1 written by hand (each rank steps its slice, then all-gathers), equal "
+        "to DDP + Adam and to the planner's bytes per rank; compared with torch's ZeroRedundancyOptimizer",
+        "2 gloo processes",
+        "2 gloo processes on the CPU (the lesson's timings are CPU timings)",
+        "2 gloo processes on the CPU; the text says what NCCL over NVLink changes",
+        helpers=("exercises", "hardware", "labels", "launching", "memory", "models"),
+    ),
+    Notebook(
         "05a",
         "05a_mixed_precision.ipynb",
         "Mixed precision",

@@ -1,5 +1,5 @@
-"""Used by notebooks 01, 03a, 03b, 04a, 04b, 04c, 04e, 05a, 05b and 07a (and the benchmarks, tuning and DDP
-helpers): small models
+"""Used by notebooks 01, 03a, 03b, 04a, 04b, 04c, 04e, 04f, 05a, 05b and 07a (and the benchmarks, tuning and
+DDP helpers): small models
 for the course, each matched to a dataset in :mod:`mgpu_helpers.data`, and the course's one
 parameter-bytes count, :func:`parameter_bytes`.
 

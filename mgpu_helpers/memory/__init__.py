@@ -1,4 +1,4 @@
-"""Used by notebooks 01, 03a, 03b, 05b, 05d, 07a and 07c (and the data-parallel, pipeline and
+"""Used by notebooks 01, 03a, 03b, 04f, 05b, 05d, 07a and 07c (and the data-parallel, pipeline and
 troubleshooting helpers):
 memory by category — parameters, gradients, optimizer state, activations & other — measured exactly on
 any device, estimated analytically, plotted and shown live.
