@@ -236,8 +236,9 @@ def grade_sharded_adam(cls: Any) -> str:
             raise Wrong(
                 "in a fourth step the grader marked what dist.all_gather (or all_gather_into_tensor) and "
                 f"dist.broadcast delivered to rank {rank} from the other rank, and rank {rank}'s parameters "
-                "did not change: its updates of the other rank's shard were computed locally, not received. "
-                "Each rank updates its shard only and receives the others'."
+                "did not change: the other rank's shard was computed locally, or it came through another "
+                "collective (an all_reduce of zero-padded slices sends twice an all-gather's bytes). Each "
+                "rank updates its shard only and receives the others' with dist.all_gather."
             )
     return (
         f"on {n} real gloo processes, a drawn MLP of {psi:,} parameters: equal to torch.optim.Adam on all "
