@@ -1,3 +1,4 @@
+# ruff: noqa
 """Builds notebooks/05e_sequence_and_context_parallel.ipynb from the cells below (run from the repo root)."""
 import json
 import sys
@@ -73,7 +74,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from mgpu_helpers.collectives import CollectiveSpy, ring_bytes_sent
 from mgpu_helpers.exercises import grade
@@ -202,10 +208,10 @@ md("""
 
 Attention for queries `Q` (`s × d`) over keys `K` and values `V` is `softmax(Q Kᵀ/√d) V`. Each row of the
 softmax divides by a sum over **all** keys, so it seems to need every key at once. It does not: keep, for
-each query, a running maximum `m` (for numerical safety), a running sum `l` of `exp(score − m)`, and a
+each query, a running maximum `m` (for numerical safety), a running sum `den` (the softmax's denominator) of `exp(score − m)`, and a
 running weighted sum `o` of values. When a new block of scores arrives with a larger maximum, multiply
 what was summed so far by `exp(m_old − m_new)` (**rescaling**), then add the new block. At the end
-`o / l` is the softmax-weighted sum. This is the *online softmax* of FlashAttention:
+`o / den` is the softmax-weighted sum. This is the *online softmax* of FlashAttention:
 """, "slide")
 
 code("""
@@ -213,18 +219,18 @@ s, d, CP = 12, 8, 3  # sequence length, head size, context-parallel ranks (each 
 gen = torch.Generator().manual_seed(3)
 q, k, v = (torch.randn(s, d, dtype=torch.float64, generator=gen) for _ in range(3))
 full = F.scaled_dot_product_attention(q, k, v)  # softmax(q kᵀ / √d) v over all s keys
-def merge(o, m, l, scores, v_blk):
-    \"\"\"Fold one block of scores (queries × its keys) and its values into the running o, m, l.\"\"\"
+def merge(o, m, den, scores, v_blk):
+    \"\"\"Fold one block of scores (queries × its keys) and its values into the running o, m, den.\"\"\"
     m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
     p = torch.exp(scores - m_new)
     alpha = torch.exp(m - m_new)  # rescales everything summed with the old maximum
-    return o * alpha + p @ v_blk, m_new, l * alpha + p.sum(dim=-1, keepdim=True)
-def start(q):  # o = 0, m = -inf, l = 0 for each query
+    return o * alpha + p @ v_blk, m_new, den * alpha + p.sum(dim=-1, keepdim=True)
+def start(q):  # o = 0, m = -inf, den = 0 for each query
     return torch.zeros_like(q), torch.full((len(q), 1), -torch.inf, dtype=q.dtype), torch.zeros(len(q), 1, dtype=q.dtype)
-o, m, l = start(q)
+o, m, den = start(q)
 for k_blk, v_blk in zip(k.chunk(CP), v.chunk(CP)):
-    o, m, l = merge(o, m, l, q @ k_blk.T / d**0.5, v_blk)
-assert close(o / l, full)
+    o, m, den = merge(o, m, den, q @ k_blk.T / d**0.5, v_blk)
+assert close(o / den, full)
 no_rescale = sum(F.softmax(q @ kb.T / d**0.5, dim=-1) @ vb for kb, vb in zip(k.chunk(CP), v.chunk(CP))) / CP
 print(f"online softmax over {CP} key blocks == full attention, to 1e-12; averaging per-block softmaxes "
       f"instead is off by {(no_rescale - full).abs().max():.2f}")
@@ -245,19 +251,19 @@ code("""
 def ring_attention(q, k, v):
     \"\"\"This rank's blocks of queries, keys and values (s/CP rows each) -> its block of the output.\"\"\"
     rank, cp = dist.get_rank(), dist.get_world_size()
-    o, m, l = start(q)
+    o, m, den = start(q)
     kv = torch.stack([k, v])  # the block in hand
     for step in range(cp):
         if step < cp - 1:  # pass the block on while computing with it
             incoming = torch.empty_like(kv)
             reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % cp),
                                            dist.P2POp(dist.irecv, incoming, (rank - 1) % cp)])
-        o, m, l = merge(o, m, l, q @ kv[0].T / q.shape[-1] ** 0.5, kv[1])  # block (rank - step) % cp
+        o, m, den = merge(o, m, den, q @ kv[0].T / q.shape[-1] ** 0.5, kv[1])  # block (rank - step) % cp
         if step < cp - 1:
             for req in reqs:
                 req.wait()
             kv = incoming
-    return o / l
+    return o / den
 def ring_rank(rank, world_size):
     mine = [t.chunk(world_size)[rank] for t in (q, k, v)]
     with CollectiveSpy() as spy:
@@ -272,7 +278,7 @@ print(f"ring attention on {CP} ranks == full attention, to 1e-12; each rank sent
 """, "nbval-check-output")
 
 md("""
-**What one rank holds.** Its `s/CP` queries, outputs and running `m`, `l`; two K/V blocks (the one in
+**What one rank holds.** Its `s/CP` queries, outputs and running `m`, `den`; two K/V blocks (the one in
 hand and the one arriving), `2 · 2 · (s/CP) · d` numbers instead of `2 · s · d`; and one block of scores,
 `(s/CP) × (s/CP)` instead of `s × s` — `CP²` times smaller per step (FlashAttention-style kernels tile
 further, so GPU kernels never hold even that). Each rank sends `(CP−1)/CP` of all keys and values per

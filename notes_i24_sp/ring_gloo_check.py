@@ -1,3 +1,4 @@
+# ruff: noqa
 """cp gloo ranks: ring attention with batch_isend_irecv + online softmax == full attention (float64)."""
 import os
 import sys

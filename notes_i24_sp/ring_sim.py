@@ -1,3 +1,4 @@
+# ruff: noqa
 """Single-process check of the ring-attention online-softmax merge (prototype for 05e; not yet a notebook)."""
 import torch
 

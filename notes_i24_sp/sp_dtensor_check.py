@@ -1,3 +1,4 @@
+# ruff: noqa
 """2 gloo ranks: by-hand Megatron SP == unsplit block == torch SequenceParallel/Colwise/Rowwise styles."""
 import os
 import torch

@@ -131,18 +131,18 @@ sp_block_single_tensor = _sp_block_with(GatherSeqSingle, ScatterSeqSingle)
 # --- 05e.2: causal ring attention ----------------------------------------------------------------------
 
 
-def merge(o, m, l, scores, v_blk):  # noqa: E741 (the notebook's names: o, m, l)
+def merge(o, m, den, scores, v_blk):
     m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
     p = torch.exp(scores - m_new)
     alpha = torch.exp(m - m_new)
-    return o * alpha + p @ v_blk, m_new, l * alpha + p.sum(dim=-1, keepdim=True)
+    return o * alpha + p @ v_blk, m_new, den * alpha + p.sum(dim=-1, keepdim=True)
 
 
-def merge_no_rescale(o, m, l, scores, v_blk):  # noqa: E741
+def merge_no_rescale(o, m, den, scores, v_blk):
     """Typical slip: each block is exponentiated with its own max and added without rescaling."""
     m_blk = scores.amax(dim=-1, keepdim=True)
     p = torch.exp(scores - m_blk)
-    return o + p @ v_blk, torch.maximum(m, m_blk), l + p.sum(dim=-1, keepdim=True)
+    return o + p @ v_blk, torch.maximum(m, m_blk), den + p.sum(dim=-1, keepdim=True)
 
 
 def start(q):
@@ -155,7 +155,7 @@ def start(q):
 
 def _causal_ring(q, k, v, merge_fn):
     rank, cp = dist.get_rank(), dist.get_world_size()
-    o, m, l = start(q)  # noqa: E741
+    o, m, den = start(q)
     kv = torch.stack([k, v])
     for step in range(cp):
         src = (rank - step) % cp
@@ -171,12 +171,12 @@ def _causal_ring(q, k, v, merge_fn):
             scores = q @ kv[0].T / q.shape[-1] ** 0.5
             if src == rank:
                 scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
-            o, m, l = merge_fn(o, m, l, scores, kv[1])  # noqa: E741
+            o, m, den = merge_fn(o, m, den, scores, kv[1])
         if step < cp - 1:
             for req in reqs:
                 req.wait()
             kv = incoming
-    return o / l
+    return o / den
 
 
 def causal_ring_attention(q, k, v):

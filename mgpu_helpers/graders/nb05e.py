@@ -211,7 +211,7 @@ def _ring_rank(rank: int, world: int, fn: Any, seed: int, b: int, d: int) -> dic
     hint="section 3's loop with src = (rank - step) % cp: when src > rank, skip merge (but still pass the "
     "block on); when src == rank, set the scores above the diagonal to -inf "
     "(torch.ones(n, n, dtype=torch.bool).triu(1)) before merge; when src < rank, merge the whole block. "
-    "merge must rescale o and l by exp(m_old - m_new).",
+    "merge must rescale o and den by exp(m_old - m_new).",
     forbid=("scaled_dot_product_attention",),
 )
 def grade_causal_ring(fn: Any) -> str:
