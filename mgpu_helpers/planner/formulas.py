@@ -133,10 +133,10 @@ class Layout:
     @property
     def name(self) -> str:
         """E.g. ``"TP8 × CP2 × PP2 × DP4 ZeRO-1"``; ``"1 GPU"`` when nothing is split."""
-        parts = [f"TP{self.tp}"] * (self.tp > 1) + [f"CP{self.cp}"] * (self.cp > 1)
-        parts += [f"PP{self.pp}"] * (self.pp > 1)
-        if self.dp > 1:
-            parts.append(f"DP{self.dp}" + (f" ZeRO-{self.zero}" if self.zero else ""))
+        zero = f" ZeRO-{self.zero}" if self.zero else ""
+        parts = [f"TP{self.tp}"] * (self.tp > 1)
+        parts += [f"CP{self.cp}" + (zero if self.dp == 1 else "")] * (self.cp > 1)  # ZeRO over the CP ranks
+        parts += [f"PP{self.pp}"] * (self.pp > 1) + [f"DP{self.dp}" + zero] * (self.dp > 1)
         return " × ".join(parts) or "1 GPU"
 
 
