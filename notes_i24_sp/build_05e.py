@@ -83,7 +83,9 @@ from torch.distributed.tensor.parallel import (
 
 from mgpu_helpers.collectives import CollectiveSpy, ring_bytes_sent
 from mgpu_helpers.exercises import grade
+from mgpu_helpers.labels import estimated
 from mgpu_helpers.launching import launch
+from mgpu_helpers.planner import GIB, LLAMA_8B, Workload, activation_bytes, plan_all
 
 T, B, S, H, P_DROP = 2, 2, 8, 16, 0.1  # TP ranks, batch, sequence length, hidden size, dropout rate
 class Block(nn.Module):
@@ -287,10 +289,11 @@ computation of the previous block.
 """)
 
 code("""
-for seq, cp in ((8_192, 1), (131_072, 1), (131_072, 8), (131_072, 32)):
-    scores = (seq // cp) ** 2 * 2  # one head's score block in bf16, bytes
-    kv_held = 2 * 2 * (seq // cp) * 128 * 2  # two (K, V) blocks of head size 128, bf16
-    print(f"s={seq:>7,}  CP={cp:>2}: score block per head {scores / 2**20:>9,.1f} MiB, K/V held {kv_held / 2**20:6.2f} MiB")
+for seq, cp in ((8_192, 1), (131_072, 1), (131_072, 8), (131_072, 32)):  # bf16, head size 128
+    scores = (seq // cp) ** 2 * 2  # bytes of one head's score block
+    kv = (2 if cp > 1 else 1) * 2 * (seq // cp) * 128 * 2  # K and V; in the ring, the block in hand + the next
+    print(f"s = {seq:>7,}, CP = {cp:>2}: one head's scores", estimated(scores / 2**20, "MiB", how="(s/cp)² · 2 B"),
+          "| K/V held", estimated(kv / 2**20, "MiB", how="2 blocks · 2 · (s/cp) · d · 2 B"))
 """, "nbval-check-output")
 
 md("""
@@ -316,7 +319,19 @@ Playbook publishes:
 """, "slide")
 
 code("""
-PLANNER_CELL_PLACEHOLDER = True
+playbook = {1_024: 4.25, 4_096: 17.0, 16_384: 68.0, 65_536: 272.0, 131_072: 544.0}  # GiB: its CP chart, 1 GPU
+for seq, gib in playbook.items():  # Llama 8B, b = 1, 32 layers, selective recomputation (FlashAttention)
+    ours = LLAMA_8B.layers * activation_bytes(LLAMA_8B, Workload(seq, recompute="selective")) / GIB
+    assert abs(ours - gib) <= 0.005 * gib  # the chart gives 3 significant digits
+    print(f"s = {seq:>7,}: planner", estimated(ours, "GiB", how="34·s·b·h per layer"), f"| Playbook {gib} GiB")
+long = dict(seq_len=131_072, global_batch=16, recompute="selective", sequence_parallel=True)
+for cp in (1, 2, 4):
+    act = LLAMA_8B.layers * activation_bytes(LLAMA_8B, Workload(**long), 8, cp) / GIB
+    print(f"s = 131,072, TP8 + SP, CP{cp}: activations per GPU", estimated(act, "GiB", how="34·s·b·h/(t·cp)"))
+for ctx in (False, True):
+    best = plan_all(LLAMA_8B, Workload(**long, context_parallel=ctx), 16)[0]
+    print(f"16 GPUs, {'with' if ctx else 'without'} CP: best layout {best.layout.name},",
+          f"{best.memory / GIB:.0f} GiB per GPU, fits in 90 % of 80 GiB: {best.fits}")
 """, "nbval-check-output")
 
 md("""
@@ -406,14 +421,16 @@ md("""
 Optional: nothing here is needed for the exercises.
 
 * **torch's own context parallelism.** `torch.distributed.tensor.experimental.context_parallel(mesh,
-  buffers=..., buffer_seq_dims=...)` shards the given buffers along the sequence on a device mesh and,
-  inside the context manager, replaces the **CUDA** scaled-dot-product-attention kernels
-  (`aten._scaled_dot_product_flash_attention`, `_efficient_attention`, `_cudnn_attention` and their
-  backwards) by a ring over the mesh (its `_attention.py`, torch 2.13). On a CPU, SDPA dispatches to
-  `_scaled_dot_product_flash_attention_for_cpu` or the math path, which it does not intercept, so on
-  gloo/CPU it does not run ring attention: it needs CUDA tensors and an NCCL mesh, which is why this
-  notebook builds the ring by hand. Its default load balancer for causal attention is the zig-zag split
-  of section 3 (it reorders the sequence before sharding).
+  buffers=[q, k, v], buffer_seq_dims=[2, 2, 2])` shards the given tensors along the sequence in place and,
+  inside the context manager, runs scaled-dot-product attention as a ring over the mesh. It does so only
+  for the **CUDA** attention kernels (`aten._scaled_dot_product_flash_attention`, `_efficient_attention`,
+  `_cudnn_attention` and their backwards: the ops it has ring versions and sharding rules for, in
+  `_context_parallel/_attention.py` and `_sharding_rules.py`, torch 2.13). On a CPU, SDPA calls
+  `aten._scaled_dot_product_flash_attention_for_cpu`, and on 2 gloo ranks here it stops with
+  `NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a
+  sharding strategy registered` — so it needs CUDA tensors and an NCCL mesh, which is why this notebook
+  builds the ring by hand. For causal attention it reorders the sequence by default with its
+  `_HeadTailLoadBalancer` (when `2·cp` divides the sequence): section 3's zig-zag.
 * **Ulysses (all-to-all) sequence parallelism.** DeepSpeed-Ulysses splits the sequence everywhere except
   attention, where an all-to-all trades the sequence split for a split of the attention heads; it needs
   heads divisible by the degree, while ring attention does not.

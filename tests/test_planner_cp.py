@@ -15,9 +15,9 @@ from mgpu_helpers.planner import (
 )
 from mgpu_helpers.planner import communication_bytes as comm
 
-#: The Playbook's chart "cp_8Bmemoryusage" (Llama 8B, b = 1, all 32 layers, GiB), its first panel: one GPU,
-#: selective recomputation. Data read from the chart's HTML fragment:
-#: https://huggingface.co/spaces/nanotron/ultrascale-playbook/blob/main/src/fragments/cp_8Bmemoryusage.html
+#: The Playbook's chart "cp_8Bmemoryusage" (Llama 8B, b = 1, all 32 layers, GiB), its first panel
+#: (weights 14.96 GiB: no TP), selective recomputation. Data read from the chart's HTML fragment:
+#: https://huggingface.co/spaces/nanotron/ultrascale-playbook/blob/9f7c465fdb144ed72ddc0706c06dd88cde086862/src/fragments/cp_8Bmemoryusage.html
 #: (only this panel's numbers were readable; the CP panels are checked through the formula below).
 PLAYBOOK_CP_CHART = {1024: 4.25, 4096: 17.0, 16384: 68.0, 65536: 272.0, 131072: 544.0}
 
