@@ -373,7 +373,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 and 3 gloo processes",
         "2 and 3 gloo processes on the CPU",
         "2 and 3 gloo processes on the CPU; torch's context_parallel needs CUDA (Going deeper)",
-        helpers=("collectives", "exercises", "launching", "planner"),
+        helpers=("collectives", "exercises", "labels", "launching", "planner"),
     ),
     Notebook(
         "06a",
