@@ -312,10 +312,12 @@ md("""
 ## 4. The planner learns context parallelism
 
 05d's planner adds SP with `Workload(sequence_parallel=True)`; it now also has a `cp` degree in the
-layout. CP divides every activation term by `cp` — each rank holds `s/cp` tokens — while the attention
-scores of one step are `(s/cp) · (s/cp)` per head (a rank's queries against the block of keys in hand),
-and each layer sends the K/V blocks around the ring. The planner against the figures the Ultra-Scale
-Playbook publishes:
+layout (`Layout(..., cp=2)`, GPUs counted dp·tp·pp·cp; `Workload(context_parallel=True)` lets `plan_all`
+try it). CP divides every activation term by `cp`: a rank holds `s/cp` tokens, and where attention
+scores are stored they are its `s/cp` queries against all `s` keys, `(s/cp)·s` per head. Each layer
+adds the ring's K/V blocks to the bytes sent, and the `cp` ranks of a sequence hold the same weights, so
+they synchronise gradients together with the DP ranks. The planner against the figures the Ultra-Scale
+Playbook publishes for Llama 8B (its context-parallelism chart, one-GPU panel), then 128k tokens:
 """, "slide")
 
 code("""
@@ -323,7 +325,7 @@ playbook = {1_024: 4.25, 4_096: 17.0, 16_384: 68.0, 65_536: 272.0, 131_072: 544.
 for seq, gib in playbook.items():  # Llama 8B, b = 1, 32 layers, selective recomputation (FlashAttention)
     ours = LLAMA_8B.layers * activation_bytes(LLAMA_8B, Workload(seq, recompute="selective")) / GIB
     assert abs(ours - gib) <= 0.005 * gib  # the chart gives 3 significant digits
-    print(f"s = {seq:>7,}: planner", estimated(ours, "GiB", how="34·s·b·h per layer"), f"| Playbook {gib} GiB")
+    print(f"s = {seq:>7,}: planner", estimated(ours, "GiB", how="34·s·b·h × 32 layers"), f"| Playbook {gib} GiB")
 long = dict(seq_len=131_072, global_batch=16, recompute="selective", sequence_parallel=True)
 for cp in (1, 2, 4):
     act = LLAMA_8B.layers * activation_bytes(LLAMA_8B, Workload(**long), 8, cp) / GIB
@@ -333,6 +335,13 @@ for ctx in (False, True):
     print(f"16 GPUs, {'with' if ctx else 'without'} CP: best layout {best.layout.name},",
           f"{best.memory / GIB:.0f} GiB per GPU, fits in 90 % of 80 GiB: {best.fits}")
 """, "nbval-check-output")
+
+md("""
+At 128k tokens no 16-GPU layout fits without CP: TP stops at the 8 GPUs of a node, and a pipeline's
+first stage still holds `min(p, m)` micro-batches of its layers' activations — as much as the whole
+model holds for one. CP2 halves what every GPU holds. The planner's first choice then sends its ring's
+K/V blocks across the two nodes (the CP group spans 16 GPUs), which its step time counts.
+""")
 
 md("""
 ## Summary
