@@ -42,15 +42,12 @@ md("""
 
 After this notebook you can:
 
-1. split the LayerNorm/dropout region of a TP block along the sequence and replace its all-reduce by an
-   **all-gather** before the column-parallel layer and a **reduce-scatter** after the row-parallel one,
-   exact against the unsplit block and against torch's `SequenceParallel` styles (exercise 05e.1);
-2. say why that costs no extra communication (all-gather + reduce-scatter = one all-reduce) and saves
-   activation memory by the TP degree in that region;
-3. compute softmax attention over blocks of keys with an **online softmax** (running max and sum,
-   rescaling), and pass key/value blocks around a **ring** of ranks so that no rank ever holds the whole
-   sequence's keys and values (exercise 05e.2, with the causal mask);
-4. count what ring attention keeps per rank, and read the planner's activation memory with SP and CP.
+1. run the LayerNorm/dropout region of a TP block on sequence shards, with an **all-gather** before the
+   column-parallel layer and a **reduce-scatter** after the row-parallel one, exact against the unsplit
+   block and torch's `SequenceParallel` styles (exercise 05e.1), and say why it costs no extra bytes;
+2. compute attention over blocks of keys with an **online softmax**, and pass key/value blocks around a
+   **ring** of ranks so that no rank holds the whole sequence's keys and values (exercise 05e.2, causal);
+3. count what ring attention keeps per rank, and read the planner's activation memory with SP and CP.
 """, "slide")
 
 md("""
@@ -113,19 +110,18 @@ md("""
 ## 1. Sequence parallelism: split the sequence where TP repeats work
 
 In 02c's Megatron MLP every rank feeds the **whole** input to its slice of `fc1` and ends with an
-all-reduce that gives every rank the whole output. Everything between two such blocks — LayerNorm,
-dropout, the residual add — then runs identically on every rank, on all `B·S·H` activations. These
-operations act on each token alone, so each rank can do them for **its own S/T tokens** only
-(*sequence parallelism*, SP, Korthikanti et al. 2022). Two collectives take the place of the all-reduce:
+all-reduce that gives every rank the whole output. LayerNorm, dropout and the residual add then run
+identically on every rank, on all `B·S·H` activations. They act on each token alone, so each rank can
+do them for **its own S/T tokens** only (*sequence parallelism*, SP, Korthikanti et al. 2022):
 
-* **all-gather along the sequence** before the column-parallel `fc1`: it needs every token;
+* **all-gather along the sequence** before the column-parallel `fc1`, which needs every token;
 * **reduce-scatter along the sequence** after the row-parallel `fc2`: add the partial sums, as the
   all-reduce did, but keep only this rank's tokens.
 
-A ring all-reduce *is* a reduce-scatter followed by an all-gather (01c), so the bytes sent stay the same.
-Dropout needs the same mask as the unsplit block: here one mask for all `(B, S, H)` is drawn once and
-each rank uses its sequence slice of it (real SP gives each rank a different random stream; with a
-shared mask the results can be compared exactly). Forward only here — the exercise adds the backward:
+A ring all-reduce *is* a reduce-scatter followed by an all-gather (01c), so the bytes stay the same.
+Dropout: one mask for all `(B, S, H)` is drawn once and each rank uses its sequence slice, so the
+results compare exactly with the unsplit block (real SP draws each rank's mask from its own random
+stream). Forward only here — the exercise adds the backward:
 """, "slide")
 
 code("""
@@ -197,12 +193,9 @@ md("""
 torch keeps LayerNorm's gradient as a `Partial(sum)` DTensor — the partial sums named above — and adds
 them only when asked (`full_tensor()`, or the optimizer's redistribution).
 
-How much SP saves in a real model is a formula (Korthikanti et al., table 2, used by 05d's planner):
-per layer, activations take `s·b·h·(34 + 5·a·s/h)` bytes without parallelism, `s·b·h·(10 + 24/t +
-5·a·s/(h·t))` with TP of degree `t` — the 10 is the LayerNorm/dropout region every rank repeats — and
-`s·b·h/t·(34 + 5·a·s/h)` with TP and SP: everything divided by `t`. The last term, `5·a·s²·b`, is the
-attention scores: it grows with the **square** of the sequence, and SP does not split the sequence
-inside attention. Context parallelism does.
+SP leaves one activation whole on every rank: the attention scores, `5·a·s²·b` bytes per layer when
+stored (05d's formula, `a` heads). They grow with the **square** of the sequence, and SP does not split
+the sequence inside attention. Context parallelism does.
 """)
 
 md("""
@@ -280,12 +273,10 @@ print(f"ring attention on {CP} ranks == full attention, to 1e-12; each rank sent
 """, "nbval-check-output")
 
 md("""
-**What one rank holds.** Its `s/CP` queries, outputs and running `m`, `den`; two K/V blocks (the one in
-hand and the one arriving), `2 · 2 · (s/CP) · d` numbers instead of `2 · s · d`; and one block of scores,
-`(s/CP) × (s/CP)` instead of `s × s` — `CP²` times smaller per step (FlashAttention-style kernels tile
-further, so GPU kernels never hold even that). Each rank sends `(CP−1)/CP` of all keys and values per
-attention layer, the same volume as an all-gather of K and V, but in steps that hide behind the
-computation of the previous block.
+**What one rank holds.** Its `s/CP` queries and outputs; two K/V blocks (in hand and arriving),
+`2·2·(s/CP)·d` numbers instead of `2·s·d`; one `(s/CP) × (s/CP)` block of scores instead of `s × s`.
+Each rank sends `(CP−1)/CP` of all keys and values per attention layer — an all-gather's volume, but in
+steps that hide behind the computation of the block in hand.
 """)
 
 code("""
@@ -297,15 +288,13 @@ for seq, cp in ((8_192, 1), (131_072, 1), (131_072, 8), (131_072, 32)):  # bf16,
 """, "nbval-check-output")
 
 md("""
-**Causal attention.** A decoder's token `i` may only look at keys `j ≤ i`. With the sequence split in
-order, rank `r`'s queries need no key from a later rank: the block from rank `src > r` is **skipped**
-(no scores, but it still travels on for the others); the rank's own block (`src == r`, the first
-step) gets the triangular mask (`−inf` above the diagonal) before `merge`; blocks from earlier ranks
-(`src < r`) are used whole. Rank 0 then computes one block and rank `CP−1` computes `CP`: the last rank
-sets the pace while the first waits — a **load imbalance**. The fix used in practice (*zig-zag*, or load
-balancing in torch's context parallel) gives rank `r` two chunks of the sequence, number `r` and number
-`2·CP−1−r`, so every rank holds one early and one late chunk and does the same work. Exercise 05e.2 asks
-you for the causal ring.
+**Causal attention.** Token `i` may only look at keys `j ≤ i`. With the sequence split in order, rank
+`r`'s queries need no key from a later rank: a block from rank `src > r` is **skipped** (it still
+travels on); the rank's own block (`src == r`, the first step) gets the triangular mask (`−inf` above
+the diagonal) before `merge`; blocks from earlier ranks are used whole. Rank 0 then computes one block
+and rank `CP−1` computes `CP`: the others wait for the last — a **load imbalance**. *Zig-zag* splitting
+fixes it: rank `r` holds chunks `r` and `2·CP−1−r` of the sequence, one early and one late, so every
+rank does the same work. Exercise 05e.2 asks you for the causal ring.
 """)
 
 md("""
@@ -337,42 +326,37 @@ for ctx in (False, True):
 """, "nbval-check-output")
 
 md("""
-At 128k tokens no 16-GPU layout fits without CP: TP stops at the 8 GPUs of a node, and a pipeline's
-first stage still holds `min(p, m)` micro-batches of its layers' activations — as much as the whole
-model holds for one. CP2 halves what every GPU holds. The planner's first choice then sends its ring's
-K/V blocks across the two nodes (the CP group spans 16 GPUs), which its step time counts.
+At 128k tokens no 16-GPU layout fits without CP: TP stops at a node's 8 GPUs, and a pipeline's first
+stage still holds `min(p, m)` micro-batches of activations. CP2 halves what every GPU holds.
 """)
 
 md("""
 ## Summary
 
-* **Sequence parallelism** splits the LayerNorm/dropout/residual region of a TP block along the sequence:
-  an all-gather (sequence) before the column-parallel layer and a reduce-scatter (sequence) after the
-  row-parallel one replace the all-reduce — the same bytes, `1/t` of that region's activations per
-  rank; checked by hand and with torch's `SequenceParallel` styles against the unsplit block.
-* Under SP, LayerNorm's (and the post-reduce-scatter bias's) gradients are partial sums over the TP ranks.
-* The **online softmax** computes attention block by block with a running max and sum and a rescaling
-  factor `exp(m_old − m_new)`; without rescaling the result is wrong.
-* **Ring attention** (context parallelism) passes K/V blocks around the ranks: each rank holds `s/CP`
-  tokens, two K/V blocks and an `(s/CP)²` block of scores; equal to full attention. Causal masking skips
-  later blocks and masks the diagonal one, which leaves the last rank the most work (zig-zag fixes it).
+* **Sequence parallelism** runs LayerNorm, dropout and the residual add of a TP block on each rank's
+  sequence shard; an all-gather before the column-parallel layer and a reduce-scatter after the
+  row-parallel one replace the all-reduce: the same bytes, `1/t` of that region's activations. Their
+  LayerNorm gradients become partial sums over the TP ranks.
+* The **online softmax** folds in one block of keys at a time with a running max and sum, rescaling by
+  `exp(m_old − m_new)`; without rescaling the result is wrong.
+* **Ring attention** (context parallelism) passes K/V blocks around the ranks: each holds `s/CP` tokens,
+  two K/V blocks and an `(s/CP)²` block of scores. Causal masking skips later blocks and masks the
+  diagonal one, leaving the last rank the most work (zig-zag fixes it).
 """, "slide")
 
 md("""
 ## Exercises
 
 **Exercise 05e.1 — a trainable sequence-parallel block.** Section 1's SP forward ran under `no_grad`.
-Write `sp_block(x, norm, w1, b1, w2, b2, keep)` so that autograd works through it: `x` is this rank's
-sequence shard `(b, s/t, h)` (a leaf that needs its gradient), `norm` the whole `nn.LayerNorm`,
-`w1, b1` this rank's column-parallel slices of `fc1`, `w2` its row-parallel slice of `fc2`, `b2` the
-whole `fc2` bias, `keep` this rank's slice of the dropout mask; return this rank's shard of
-`x + fc2(gelu(fc1(norm(x)))) · keep / (1 − P_DROP)` (`P_DROP` = 0.1). Write two `torch.autograd.Function`s:
-`GatherSeq` (forward: all-gather along dimension 1; backward: reduce-scatter of the gradient) and
-`ScatterSeq` (forward: reduce-scatter along dimension 1; backward: all-gather). The grader runs it on 2
-ranks from weights and data it draws, and checks the output, the gradients of `x`, `w1`, `b1`, `w2`
-(each rank's own) and of `norm`, `b2` (summed over the ranks: partial sums are fine), that LayerNorm ran
-on `(b, s/t, h)`, and that the communication was one all-gather and one reduce-scatter of `(b, s, h)`
-each way, with no all-reduce of an activation.
+Write two `torch.autograd.Function`s — `GatherSeq` (forward: all-gather along dimension 1; backward:
+reduce-scatter) and `ScatterSeq` (forward: reduce-scatter along dimension 1; backward: all-gather) — and
+with them `sp_block(x, norm, w1, b1, w2, b2, keep)`: `x` is this rank's shard `(b, s/t, h)`, `norm` the
+whole LayerNorm, `w1, b1` and `w2` this rank's column- and row-parallel slices, `b2` the whole `fc2`
+bias, `keep` this rank's slice of the dropout mask. Return this rank's shard of
+`x + fc2(gelu(fc1(norm(x)))) · keep / 0.9`. The grader runs it on 2 ranks with weights and data it
+draws and checks the output and every gradient (LayerNorm's and `b2`'s summed over the ranks), that
+LayerNorm ran on `(b, s/t, h)`, and one all-gather and one reduce-scatter of `(b, s, h)` each way, with
+no all-reduce of an activation.
 """, "slide")
 
 code("""
@@ -440,6 +424,10 @@ Optional: nothing here is needed for the exercises.
   sharding strategy registered` — so it needs CUDA tensors and an NCCL mesh, which is why this notebook
   builds the ring by hand. For causal attention it reorders the sequence by default with its
   `_HeadTailLoadBalancer` (when `2·cp` divides the sequence): section 3's zig-zag.
+* **What SP saves in a real model** (Korthikanti et al., table 2, used by 05d's planner): per layer,
+  activations take `s·b·h·(34 + 5·a·s/h)` bytes without parallelism, `s·b·h·(10 + 24/t + 5·a·s/(h·t))`
+  with TP of degree `t` — the 10 is the region every rank repeats (LayerNorm inputs, dropout masks, the
+  inputs of the first linear layers) — and `s·b·h/t·(34 + 5·a·s/h)` with TP and SP.
 * **Ulysses (all-to-all) sequence parallelism.** DeepSpeed-Ulysses splits the sequence everywhere except
   attention, where an all-to-all trades the sequence split for a split of the attention heads; it needs
   heads divisible by the degree, while ring attention does not.
