@@ -220,6 +220,29 @@ def causal_ring_attention_collects_blocks(q, k, v):
     return torch.softmax(scores, dim=-1) @ values
 
 
+def causal_ring_attention_isend_recv(q, k, v):
+    """Also correct: isend + blocking recv instead of batch_isend_irecv, K and V as two messages, and the
+    block received before it is used (no overlap)."""
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    o, m, den = start(q)
+    for step in range(cp):
+        src = (rank - step) % cp
+        if src <= rank:
+            scores = q @ k.T / q.shape[-1] ** 0.5
+            if src == rank:
+                scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
+            o, m, den = merge(o, m, den, scores, v)
+        if step < cp - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            reqs = [dist.isend(k.contiguous(), (rank + 1) % cp), dist.isend(v.contiguous(), (rank + 1) % cp)]
+            dist.recv(k_in, (rank - 1) % cp)
+            dist.recv(v_in, (rank - 1) % cp)
+            for req in reqs:
+                req.wait()
+            k, v = k_in, v_in
+    return o / den
+
+
 SOLUTIONS = {"05e.1": (sp_block,), "05e.2": (causal_ring_attention,)}
 WRONG = {"05e.1": (sp_block_slices_back,), "05e.2": (causal_ring_attention_no_rescale,)}
 SHORTCUTS = {
@@ -232,4 +255,7 @@ SHORTCUTS = {
         "ring_keeps_every_block": (causal_ring_attention_collects_blocks,),
     },
 }
-VARIANTS = {"05e.1": {"single_tensor_collectives": (sp_block_single_tensor,)}}
+VARIANTS = {
+    "05e.1": {"single_tensor_collectives": (sp_block_single_tensor,)},
+    "05e.2": {"isend_and_recv": (causal_ring_attention_isend_recv,)},
+}
