@@ -1,5 +1,5 @@
-"""Used by notebooks 01, 01c, 02a, 02b, 02c, 04a, 04b, 04c, 04e, 04f, 05b, 05c, 05d, 05f, 07b, 07c, 08
-and 08b: starting processes for a job from a notebook.
+"""Used by notebooks 01, 01c, 02a, 02b, 02c, 04a, 04b, 04c, 04e, 04f, 05b, 05c, 05d, 05e, 05f, 07b, 07c,
+08 and 08b: starting processes for a job from a notebook.
 
 * :func:`launch` (:mod:`~mgpu_helpers.launching.notebook`, notebooks 02a, 02b, 04a, 04b, 05b, 07b and
   the graders) — run a function on N processes and get each rank's return value back;
