@@ -153,12 +153,12 @@ _LONG_FILES = (
     "tests/test_launch.py",
     "tests/test_wheel_install.py",
     "notebooks/04b_ddp_in_practice.ipynb",
-    "tests/test_benchmarks.py",
     "notebooks/04d_fault_tolerance.ipynb",
     "notebooks/06b_ray_tune.ipynb",
     "notebooks/08_capstone.ipynb",
     "notebooks/07a_memory_problems.ipynb",
     "notebooks/03b_data_parallel_limits.ipynb",
+    "tests/test_benchmarks.py",  # one process for all six quick runs since issue 24: ~10 s quiet
     "tests/test_tuning_isolation.py",
     "notebooks/01b_interactive_ranks.ipynb",
     "tests/test_troubleshoot_fences.py",

@@ -99,12 +99,16 @@ def test_the_wheel_in_a_fresh_venv_with_ipywidgets_7_runs_notebooks_00_and_01(tm
             cwd=tmp_path,
         )
         wheel = next(work.glob("mgpu_course-*.whl"))
-        _run([sys.executable, "-m", "venv", work / "venv"], cwd=tmp_path)
+        # No pip of its own (ensurepip would cost ~5 s of a 2-core CI machine): this environment's pip
+        # installs into the venv (--python, pip >= 22.3); notebooks 00 and 01 run no pip command
+        _run([sys.executable, "-m", "venv", "--without-pip", work / "venv"], cwd=tmp_path)
         python = work / "venv" / "bin" / "python"
         pip = [
-            python,
+            sys.executable,
             "-m",
             "pip",
+            "--python",
+            python,
             "install",
             "-q",
             "--no-compile",
