@@ -18,7 +18,8 @@ whose items each wait a known time (:class:`~mgpu_helpers.data_parallel.SlowData
 in each process waits longer, a start-up cost), with 0 and 2 workers, and checks the returned
 ``(seconds to the first batch, batches per second after it)`` against what that waiting allows: no
 faster than the waits permit, the first batch no sooner than its own items' waits, and two workers
-clearly faster than none (waiting overlaps across processes even on a busy machine). The two returned
+clearly faster than none (waiting overlaps across processes; on a loaded machine the comparison gets
+three tries, since one can miss it: a wrong timing misses it every time). The two returned
 times must fit inside the call's own duration: numbers computed from the dataset's settings, or a rate
 whose clock also ran while the first batch loaded, do not.
 """
@@ -149,6 +150,7 @@ def grade_parallel_loss(parallel_cross_entropy: Callable[..., Any]) -> str:
 # --- 03b.2: timing a DataLoader ------------------------------------------------------------------------
 
 _IO_MS, _BATCH, _N, _START_MS = 3.0, 4, 12, 30.0
+_ATTEMPTS = 3  # tries of the 0-vs-2-workers comparison before it counts as wrong
 
 
 class _SlowStart(SlowDataset):
@@ -184,9 +186,29 @@ def _checked_pair(result: Any, workers: int) -> tuple[float, float]:
 )
 def grade_loader_speed(loader_speed: Callable[..., Any]) -> str:
     """0 and 2 workers on a dataset that waits 3 ms per item: bounds from the waits, and overlap."""
-    dataset = _SlowStart((_N + 1) * _BATCH, image_size=4, io_ms=_IO_MS)
     wait = _BATCH * _IO_MS / 1000  # every batch waits at least this long in one process
     ceiling = 1 / wait
+    for _attempt in range(_ATTEMPTS):  # a loaded machine can hide the overlap once; a wrong timing, always
+        dataset = _SlowStart((_N + 1) * _BATCH, image_size=4, io_ms=_IO_MS)  # a fresh start-up cost
+        results = _timed_pair(loader_speed, dataset, wait, ceiling)
+        if results[2][1] >= 1.25 * results[0][1]:
+            break
+    else:
+        raise Wrong(
+            f"2 workers measured {results[2][1]:.1f} batches/s and 0 workers {results[0][1]:.1f} (the last "
+            f"of {_ATTEMPTS} tries, all below 1.25×): waiting overlaps across worker processes, so 2 workers "
+            "should be clearly faster after the first batch."
+        )
+    return (
+        f"0 workers: first batch {results[0][0] * 1e3:.0f} ms, {results[0][1]:.0f} batches/s; 2 workers: "
+        f"{results[2][0] * 1e3:.0f} ms, {results[2][1]:.0f} batches/s (at most {ceiling:.0f}/s per process)"
+    )
+
+
+def _timed_pair(
+    loader_speed: Callable[..., Any], dataset: Any, wait: float, ceiling: float
+) -> dict[int, tuple[float, float]]:
+    """The student's (first batch, batches/s) with 0 and 2 workers, each checked against the waits."""
     results = {}
     for workers in (0, 2):
         start = time.perf_counter()
@@ -216,12 +238,4 @@ def grade_loader_speed(loader_speed: Callable[..., Any]) -> str:
                 "more than the batches after the first was timed."
             )
         results[workers] = (first, rate)
-    if results[2][1] < 1.25 * results[0][1]:
-        raise Wrong(
-            f"2 workers measured {results[2][1]:.1f} batches/s and 0 workers {results[0][1]:.1f}: waiting "
-            "overlaps across worker processes, so 2 workers should be clearly faster after the first batch."
-        )
-    return (
-        f"0 workers: first batch {results[0][0] * 1e3:.0f} ms, {results[0][1]:.0f} batches/s; 2 workers: "
-        f"{results[2][0] * 1e3:.0f} ms, {results[2][1]:.0f} batches/s (at most {ceiling:.0f}/s per process)"
-    )
+    return results
