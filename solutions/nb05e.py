@@ -97,6 +97,19 @@ def sp_block_all_reduce_then_slice(x, norm, w1, b1, w2, b2, keep):
     return x + (_AllReduceThenSlice.apply(z) + b2) * keep / (1 - P_DROP)
 
 
+def sp_block_dtensor_redistribute(x, norm, w1, b1, w2, b2, keep):
+    """No autograd.Function written: DTensor's redistribute does the all-gather and the reduce-scatter,
+    and its own backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    n = DTensor.from_local(norm(x), mesh, [Shard(1)]).redistribute(mesh, [Replicate()])
+    z = F.linear(F.gelu(F.linear(n.to_local(grad_placements=[Partial()]), w1, b1)), w2)
+    zs = DTensor.from_local(z, mesh, [Partial()]).redistribute(mesh, [Shard(1)]).to_local()
+    return x + (zs + b2) * keep / (1 - P_DROP)
+
+
 class GatherSeqSingle(torch.autograd.Function):
     """Also correct: one-tensor collectives on a (s, b, h) view instead of lists."""
 
@@ -249,6 +262,7 @@ SHORTCUTS = {
     "05e.1": {
         "norm_on_whole_sequence": (sp_block_norm_on_whole_sequence,),
         "all_reduce_then_slice": (sp_block_all_reduce_then_slice,),
+        "dtensor_redistribute": (sp_block_dtensor_redistribute,),
     },
     "05e.2": {
         "all_gather_kv": (causal_ring_attention_all_gather,),

@@ -36,10 +36,13 @@ class _Watch(CollectiveSpy):
         super().__init__()
         self.norm_inputs: list[tuple[int, ...]] = []
         self.shapes: list[tuple[str, tuple[int, ...]]] = []
+        self.functional: set[str] = set()  # collectives of DTensor and functional collectives (own autograd)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = super().__torch_dispatch__(func, types, args, kwargs)
         name = func.name()
+        if name.startswith("_c10d_functional"):
+            self.functional.add(name)
         if "layer_norm" in name and "backward" not in name and args and isinstance(args[0], torch.Tensor):
             self.norm_inputs.append(tuple(args[0].shape))
         for t in out if isinstance(out, (tuple, list)) else (out,):
@@ -98,6 +101,7 @@ def _sp_rank(rank: int, world: int, fn: Any, seed: int, b: int, s: int, h: int) 
         "fwd": [(c.op, c.nbytes) for c in fwd.calls],
         "bwd": [(c.op, c.nbytes) for c in bwd.calls],
         "norm_inputs": fwd.norm_inputs,
+        "functional": sorted(fwd.functional | bwd.functional, key=lambda n: ("wrap" in n, n)),
     }
 
 
@@ -173,6 +177,12 @@ def grade_sp_block(fn: Any) -> str:
             raise Wrong(f"the gradient of {name}, summed over the ranks, is not the unsplit block's.")
     for rank, out in enumerate(ranks):
         shard = (b, per, h)
+        if out["functional"]:
+            raise Wrong(
+                f"rank {rank} ran {out['functional'][0]}: DTensor's redistribute or a functional collective "
+                "wrote the backward for you. Write GatherSeq and ScatterSeq with dist.all_gather and "
+                "dist.reduce_scatter, and state each backward yourself."
+            )
         if not out["norm_inputs"]:
             raise Wrong("no LayerNorm ran in the forward: apply norm(x) (the module) to the shard.")
         if any(sh != shard for sh in out["norm_inputs"]):
