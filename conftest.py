@@ -152,6 +152,7 @@ _LONG_FILES = (
     "tests/test_launcher.py",
     "tests/test_launch.py",
     "tests/test_wheel_install.py",
+    "tests/test_site.py",
     "notebooks/04b_ddp_in_practice.ipynb",
     "notebooks/04d_fault_tolerance.ipynb",
     "notebooks/06b_ray_tune.ipynb",

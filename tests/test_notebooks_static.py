@@ -286,3 +286,12 @@ def test_install_cell_installs_on_colab_and_kaggle_only_and_its_extra_anywhere(e
         module
     ) in modules:  # anywhere without one of the extra's modules, the cell installs the extra's packages
         assert _install_calls(source, ["google", module]) == [f"%pip install -q {pip}"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_notebook_records_where_its_outputs_came_from(path):
+    """tools/run_notebooks.py writes it; the course website prints it on the notebook's page."""
+    run = _load(path)["metadata"].get("mgpu_run")
+    assert run, "no metadata.mgpu_run: re-run the notebook with python tools/run_notebooks.py"
+    assert set(run) >= {"hardware", "torch", "python", "date"} and all(run.values()), run
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", run["date"]), run["date"]
