@@ -321,6 +321,44 @@ def run_report(run: GpuRun) -> str:
     return re.sub(r"\[html\]\((notebooks/[^)]+\.html)\)", r'<a href="\1">html</a>', text)
 
 
+#: How SYLLABUS.md names a section: ``04a §3`` (notebook 04a, section 3).
+SECTION_REF = re.compile(r"(?<![\w`])(\d\d[a-z]?) §(\d+)\b")
+
+
+def _slug(heading: str) -> str:
+    """The anchor MyST gives a heading (GitHub's rule), from its Markdown source."""
+    try:
+        from myst_parser.slugs import github_slugify
+    except ImportError:  # myst-parser < 5.2
+        from myst_parser.mdit_to_docutils.base import default_slugify as github_slugify
+    return github_slugify(re.sub(r"[`*]", "", heading))
+
+
+def section_anchors() -> dict[tuple[str, str], str]:
+    """``(notebook number, section number) -> "notebooks/<stem>.ipynb#<anchor>"`` for every numbered
+    section (``## 3. Title``) of every notebook."""
+    anchors = {}
+    for nb in NOTEBOOKS:
+        cells = json.loads((ROOT / "notebooks" / nb.file).read_text())["cells"]
+        for cell in cells:
+            if cell["cell_type"] != "markdown":
+                continue
+            for k, title in re.findall(r"^## (\d+)\. (.+)$", "".join(cell["source"]), re.M):
+                anchors.setdefault((nb.number, k), f"notebooks/{nb.file}#{_slug(f'{k}. {title}')}")
+    return anchors
+
+
+def syllabus() -> str:
+    """SYLLABUS.md with every ``NNx §k`` a link to that section of the notebook's page."""
+    anchors = section_anchors()
+
+    def link(m: re.Match) -> str:
+        target = anchors.get((m.group(1), m.group(2)))
+        return f"[{m.group(0)}]({target})" if target else m.group(0)
+
+    return SECTION_REF.sub(link, (ROOT / "SYLLABUS.md").read_text())
+
+
 def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
     """Every page source of the site, generated into ``src``."""
     if src.exists():
@@ -329,7 +367,7 @@ def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
     for nb in NOTEBOOKS:
         (src / "notebooks" / nb.file).write_text(json.dumps(notebook_page(nb, runs), ensure_ascii=False))
     (src / "index.md").write_text(course_map(runs))
-    (src / "syllabus.md").write_text((ROOT / "SYLLABUS.md").read_text())
+    (src / "syllabus.md").write_text(syllabus())
     (src / "labels.md").write_text(readme_section("## How numbers are labelled"))
     modules = readme_section("### The helper package, module by module")
     assert module_table_markdown() in modules, "README's module table is stale: python tools/update_readme.py"
