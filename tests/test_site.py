@@ -233,9 +233,16 @@ def test_the_site_has_a_page_and_a_slide_deck_per_notebook(site):
         stem = nb.file.removesuffix(".ipynb")
         page = (site / "notebooks" / f"{stem}.html").read_text()
         assert f"{nb.number} · " in page and 'class="mgpu-provenance' in page, f"{stem}: its page"
+        assert "[interactive widget" not in page, (
+            f"{stem}: a widget's text stand-in is shown, not its picture"
+        )
         deck = (site / "slides" / f"{stem}.slides.html").read_text()  # nbconvert --to slides
         assert deck.count("<section") >= 4 and "reveal" in deck.lower(), f"{stem}: its slide deck"
         assert f"{nb.number} · " in deck, f"{stem}: its slide deck lacks the notebook's title"
+    printed_map = (site / "notebooks" / "00_setup.html").read_text()  # 00 §4 prints the course map
+    others = NOTEBOOKS[1:]  # (its own row links to the page itself)
+    linked = {nb.file for nb in others if f'href="{nb.file.replace(".ipynb", ".html")}' in printed_map}
+    assert len(linked) == len(others) and "| # |" not in printed_map, "00 prints the course map as a table"
     syllabus = (site / "syllabus.html").read_text()
     assert len(re.findall(r'href="notebooks/\w+\.html#', syllabus)) >= 50, "syllabus: §-links to sections"
 

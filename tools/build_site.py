@@ -49,10 +49,8 @@ STATIC_COPIES = ("image/png", "image/svg+xml", "text/html")
 #: Cell tag the build gives every cell that displays a widget (MyST-NB turns it into the CSS class
 #: ``tag_widget-static``; the browser test finds the static pictures by it).
 WIDGET_TAG = "widget-static"
-#: A Markdown link to a course notebook beside the page: ``](04a_ddp_fundamentals.ipynb#anchor)``.
 #: A badge of the course map (an image from Colab's or Kaggle's site): the site draws its own buttons.
 BADGE = re.compile(r"\[!\[Open In (Colab|Kaggle)\]\([^)]*\)\]\(([^)]+)\)")
-NOTEBOOK_LINK = re.compile(r"\]\((\d\d[a-z]?_\w+)\.ipynb(#[^)]*)?\)")
 #: The table of contents: one caption per chapter (a notebook's number without its letter).
 CHAPTERS = {
     "00": "Start here",
@@ -77,6 +75,14 @@ class GpuRun:
     results: dict[str, str] = field(default_factory=dict)  # notebook stem -> "pass" / "FAIL" / "skipped: …"
     pages: set[str] = field(default_factory=set)  # stems with an HTML copy of their run
     changed_since: set[str] = field(default_factory=set)  # notebook files changed after the run's commit
+    #: The anchor of the report's "## After the fixes …" section (what failed, was fixed and re-run), or "".
+    after_fixes: str = ""
+
+    @property
+    def gpus(self) -> int:
+        """The number of GPUs in the run's name (``2xT4-…`` → 2; 0 when the name does not say)."""
+        count = re.match(r"(\d+)x", self.name)
+        return int(count.group(1)) if count else 0
 
     @property
     def label(self) -> str:
@@ -97,26 +103,31 @@ def gpu_runs(folder: pathlib.Path = GPU_RUNS) -> list[GpuRun]:
             run.results[stem] = result
         run.pages = {p.stem for p in (report.parent / "notebooks").glob("*.html")}
         run.changed_since = _changed_since(run.commit)
+        fixes = re.search(r"^## (After the fixes.*)$", text, re.M)
+        run.after_fixes = _slug(fixes.group(1)) if fixes else ""
         runs.append(run)
     return runs
 
 
-def _changed_since(commit: str) -> set[str]:
-    """Notebook files that differ between ``commit`` and the working tree (empty where git can't say)."""
-    if not commit:
-        return set()
+def _git(*args: str) -> str | None:
+    """A git command's output in the repository, or None where git or the history is missing."""
     try:
-        out = subprocess.run(
-            ["git", "diff", "--name-only", commit, "--", "notebooks"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return set()
-    return {pathlib.PurePosixPath(line).name for line in out.split()}
+        return None
+
+
+def _head_commit() -> str:
+    """The short hash of the commit the site is built from ("" outside a git checkout)."""
+    return (_git("rev-parse", "--short", "HEAD") or "").strip()
+
+
+def _changed_since(commit: str) -> set[str]:
+    """Notebook files that differ between ``commit`` and the working tree (empty where git can't say)."""
+    out = _git("diff", "--name-only", commit, "--", "notebooks") if commit else None
+    return {pathlib.PurePosixPath(line).name for line in (out or "").split()}
 
 
 def provenance(nb: Notebook, meta: dict, runs: list[GpuRun]) -> tuple[str, bool]:
@@ -148,14 +159,23 @@ def provenance(nb: Notebook, meta: dict, runs: list[GpuRun]) -> tuple[str, bool]
             if nb.file in run.changed_since
             else "the same notebook as here"
         )
-        summary = f'<a href="../gpu-runs/{run.name}/report.html">run summary</a>'
+        report = f"../gpu-runs/{run.name}/report.html"
+        summary = f'<a href="{report}">run summary</a>'
         if result.startswith("skipped"):
             parts.append(f"The GPU check of {run.label} skipped it ({html.escape(result)}; {summary}).")
-        else:
-            parts.append(
-                f"On a GPU: {link} — <b>{html.escape(result)}</b> at commit <code>{run.commit}</code>, "
-                f"{version} ({summary})."
+            continue
+        if result != "pass" and run.after_fixes:
+            result_text = (
+                f"<b>{html.escape(result)}</b> in its first pass (what was fixed and re-run: "
+                f'<a href="{report}#{run.after_fixes}">after the fixes</a>)'
             )
+        else:
+            result_text = f"<b>{html.escape(result)}</b>"
+        scope = " — one GPU, so the multi-GPU (NCCL) paths were not run" if run.gpus == 1 else ""
+        parts.append(
+            f"On a GPU: {link}{scope}: {result_text} at commit <code>{run.commit}</code>, {version} "
+            f"({summary})."
+        )
     if not [r for r in ran if not r.results[stem].startswith("skipped")]:
         parts.append(
             "No GPU reference run includes this notebook yet: its hardware note says what it does on "
@@ -182,7 +202,8 @@ def header(nb: Notebook, meta: dict, runs: list[GpuRun]) -> str:
 
 def notebook_page(nb: Notebook, runs: list[GpuRun], data: dict | None = None) -> dict:
     """The notebook (``data``, else its committed file) as the site shows it: its badge line replaced by
-    the header, links between notebooks pointed at their pages, widget cells tagged."""
+    the header, badges in printed Markdown drawn as buttons, each widget replaced by its static copy (the
+    cell tagged :data:`WIDGET_TAG`)."""
     if data is None:
         data = json.loads((ROOT / "notebooks" / nb.file).read_text())
     first = data["cells"][0]
@@ -194,11 +215,10 @@ def notebook_page(nb: Notebook, runs: list[GpuRun], data: dict | None = None) ->
     first["source"] = source.replace(nb.badges(), header(nb, data["metadata"], runs))
     for i, cell in enumerate(data["cells"]):
         outputs = cell.get("outputs", [])
-        for out in outputs:  # Markdown printed by a cell (00's course map) links notebooks: link their pages
+        for out in outputs:  # Markdown printed by a cell (00's course map): the site's buttons, not badges
             if "text/markdown" in out.get("data", {}):
                 md = "".join(out["data"]["text/markdown"])
-                md = BADGE.sub(r'<a class="mgpu-btn mgpu-\1" href="\2">\1</a>', md)
-                out["data"]["text/markdown"] = NOTEBOOK_LINK.sub(r"](\1.html\2)", md)
+                out["data"]["text/markdown"] = BADGE.sub(r'<a class="mgpu-btn mgpu-\1" href="\2">\1</a>', md)
         if not any(WIDGET_VIEW in out.get("data", {}) for out in outputs):
             continue
         if not any(kind in out.get("data", {}) for out in outputs for kind in STATIC_COPIES):
@@ -206,6 +226,10 @@ def notebook_page(nb: Notebook, runs: list[GpuRun], data: dict | None = None) ->
                 f"{nb.file}, cell {i}: a widget without a static picture (PNG or HTML) in the same cell; "
                 "display one beside the widget so that saved notebooks and the site show something"
             )
+        for out in outputs:  # the live widget and its "[interactive widget: …]" text go; the picture stays
+            if out.get("data", {}).pop(WIDGET_VIEW, None) is not None:
+                out["data"].pop("text/plain", None)
+        cell["outputs"] = [out for out in outputs if out.get("data", True)]
         tags = cell["metadata"].setdefault("tags", [])
         if WIDGET_TAG not in tags:
             tags.append(WIDGET_TAG)
@@ -233,10 +257,7 @@ def course_map(runs: list[GpuRun]) -> str:
     contents (one per chapter)."""
     readme = (ROOT / "README.md").read_text().split("\n\n")
     intro = "\n\n".join(readme[1:3])
-    rows = [
-        "| # | Notebook | Open | What it teaches | CPU only | 1 GPU | N GPUs |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = ["| # | Notebook | Open | What it teaches | On a CPU · 1 GPU · N GPUs |", "|---|---|---|---|---|"]
     for nb in NOTEBOOKS:
         stem = nb.file.removesuffix(".ipynb")
         buttons = (
@@ -244,15 +265,8 @@ def course_map(runs: list[GpuRun]) -> str:
             f'<a class="mgpu-btn mgpu-kaggle" href="{nb.kaggle_url}">Kaggle</a> '
             f'<a class="mgpu-btn mgpu-slides" href="slides/{stem}.slides.html">Slides</a>'
         )
-        cells = [
-            nb.number,
-            f"[{nb.title}](notebooks/{stem})",
-            buttons,
-            nb.teaches,
-            nb.cpu,
-            nb.one_gpu,
-            nb.multi_gpu,
-        ]
+        hardware = f"**CPU:** {nb.cpu}<br>**1 GPU:** {nb.one_gpu}<br>**N GPUs:** {nb.multi_gpu}"
+        cells = [nb.number, f"[{nb.title}](notebooks/{stem})", buttons, nb.teaches, hardware]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     toctrees = []
     for chapter, caption in CHAPTERS.items():
@@ -266,17 +280,22 @@ def course_map(runs: list[GpuRun]) -> str:
         "```{toctree}\n:hidden:\n:caption: Reference\n\nsyllabus\nmodules\nlabels\ngpu-runs/index\n```"
     )
     newest = f" The newest: [{runs[0].label}](gpu-runs/{runs[0].name}/report)." if runs else ""
+    first = NOTEBOOKS[0]
+    commit = _head_commit()
+    built = f" This site was built from commit `{commit}`." if commit else ""
     return (
         "\n\n".join(
             [
                 "# Multi-GPU training in PyTorch — a runnable course",
                 intro,
+                f"**New here? Start with [{first.number} · {first.title}](notebooks/"
+                f"{first.file.removesuffix('.ipynb')}) →**",
                 "**How to read this site.** Each page is a notebook of the course with the outputs of a real "
                 "run, in teaching order (the table of contents is on the left; search is at the top). To run "
                 "one, press *Open in Colab* or *Open in Kaggle* on its page, or clone the repository and "
                 f"open it in JupyterLab ([README]({REPO_URL}#quickstart)). Instructors: every page links its "
                 "slide deck. Where outputs came from: each page says; GPU reference runs are listed under "
-                f"[GPU runs](gpu-runs/index).{newest}",
+                f"[GPU runs](gpu-runs/index).{newest}{built}",
                 "## Course map",
                 ":::{table}\n:class: mgpu-map\n\n" + "\n".join(rows) + "\n:::",
                 "A number with a letter (02a, 02b) is one topic in parts of about an hour each, exercises "
@@ -307,8 +326,8 @@ def gpu_runs_index(runs: list[GpuRun]) -> str:
         lines += ["| notebook | result | changed since |", "|---|---|---|"]
         for nb in NOTEBOOKS:
             stem = nb.file.removesuffix(".ipynb")
-            result = run.results.get(stem, "not in this run")
-            changed = "yes" if nb.file in run.changed_since else "no"
+            result = run.results.get(stem, "not in this run (newer)")
+            changed = ("yes" if nb.file in run.changed_since else "no") if stem in run.results else "—"
             lines.append(f"| [{nb.number} {nb.title}](../notebooks/{stem}) | {result} | {changed} |")
         lines.append("")
     lines += ["```{toctree}", ":hidden:", "", *[f"{run.name}/report" for run in runs], "```", ""]
@@ -316,9 +335,17 @@ def gpu_runs_index(runs: list[GpuRun]) -> str:
 
 
 def run_report(run: GpuRun) -> str:
-    """A run's report.md, its links to the notebooks' HTML kept as plain links to the copied files."""
-    text = (GPU_RUNS / run.name / "report.md").read_text()
-    return re.sub(r"\[html\]\((notebooks/[^)]+\.html)\)", r'<a href="\1">html</a>', text)
+    """A run's report.md, its links to the notebooks' HTML and its log files as plain links to the files
+    copied beside it."""
+    folder = GPU_RUNS / run.name
+    text = (folder / "report.md").read_text()
+    text = re.sub(r"\[html\]\((notebooks/[^)]+\.html)\)", r'<a href="\1">html</a>', text)
+
+    def log_link(m: re.Match) -> str:
+        path = m.group(1)
+        return f'<a href="{path}"><code>{path}</code></a>' if (folder / path).is_file() else m.group(0)
+
+    return re.sub(r"`(logs/[^`\s]+)`", log_link, text)
 
 
 #: How SYLLABUS.md names a section: ``04a §3`` (notebook 04a, section 3).
@@ -356,7 +383,9 @@ def syllabus() -> str:
         target = anchors.get((m.group(1), m.group(2)))
         return f"[{m.group(0)}]({target})" if target else m.group(0)
 
-    return SECTION_REF.sub(link, (ROOT / "SYLLABUS.md").read_text())
+    text = SECTION_REF.sub(link, (ROOT / "SYLLABUS.md").read_text())
+    # The repository's syllabus names the issues that added rows; the site's readers have no use for them.
+    return re.sub(r" \(issue \d+\)|issue \d+, |, issue \d+(?=\))", "", text)
 
 
 def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
@@ -384,7 +413,7 @@ def write_slides(dest: str) -> int:
     process beside Sphinx)."""
     from nbconvert import SlidesExporter
 
-    exporter = SlidesExporter()
+    exporter = SlidesExporter(reveal_scroll=True)  # a long section scrolls instead of overflowing
     pathlib.Path(dest).mkdir(parents=True, exist_ok=True)
     for nb in NOTEBOOKS:
         body, _ = exporter.from_filename(str(ROOT / "notebooks" / nb.file))
@@ -410,9 +439,9 @@ def build(out: pathlib.Path = DEFAULT_OUT, quiet: bool = True) -> pathlib.Path:
         slides.result()
     shutil.copytree(out / "slides", site / "slides")
     for run in runs:
-        pages = GPU_RUNS / run.name / "notebooks"
-        if pages.is_dir():
-            shutil.copytree(pages, site / "gpu-runs" / run.name / "notebooks")
+        for kind in ("notebooks", "logs"):  # each notebook's run as HTML, and the logs the summary names
+            if (GPU_RUNS / run.name / kind).is_dir():
+                shutil.copytree(GPU_RUNS / run.name / kind, site / "gpu-runs" / run.name / kind)
     (site / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
     return site / "index.html"
 

@@ -22,6 +22,8 @@ nb_execution_mode = "off"
 nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 # Long stream outputs (tables, logs) stay whole; the reader scrolls.
 nb_merge_streams = True
+# Markdown a cell prints (00's course map) is MyST: tables render, links to notebooks resolve to pages.
+nb_render_markdown_format = "myst"
 
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist", "html_image"]
 # Links such as ``notebooks/04a_ddp_fundamentals.ipynb#the-ring`` resolve to a section's anchor.
@@ -41,7 +43,10 @@ html_theme_options = {
     "use_download_button": False,
     "use_fullscreen_button": False,
     "navigation_with_keys": False,
+    # The landing page's only section is the course map: no "Contents" column beside it.
+    "secondary_sidebar_items": {"**": ["page-toc"], "index": []},
 }
+html_favicon = "_static/favicon.svg"
 # Quiet, reproducible builds: no "last updated" stamps, no external fetches at build time.
 html_last_updated_fmt = None
 suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
