@@ -83,7 +83,8 @@ def test_each_page_names_its_gpu_run_or_says_there_is_none(tmp_path):
     by_number = {nb.number: nb for nb in NOTEBOOKS}
     meta = {"mgpu_run": {"hardware": "CPU: Test, 2 cores", "torch": "2.13.0", "date": "2027-01-01"}}
     text, has_gpu = bs.provenance(by_number["02b"], meta, runs)
-    assert has_gpu and "CPU: Test, 2 cores" in text and "<b>pass</b>" in text
+    assert has_gpu and "CPU: Test, 2 cores" in text and "<b>pass</b>" in text and "one GPU" not in text
+    assert "whether the notebook changed since is unknown" in text  # git does not know commit abc1234
     assert 'href="../gpu-runs/2xT4-2027-01-02/notebooks/02b_pipelining_api.html"' in text
     text, has_gpu = bs.provenance(by_number["06b"], meta, runs)
     assert not has_gpu and "skipped it (skipped: needs ray" in text and "No GPU reference run" in text

@@ -74,7 +74,8 @@ class GpuRun:
     title: str
     results: dict[str, str] = field(default_factory=dict)  # notebook stem -> "pass" / "FAIL" / "skipped: …"
     pages: set[str] = field(default_factory=set)  # stems with an HTML copy of their run
-    changed_since: set[str] = field(default_factory=set)  # notebook files changed after the run's commit
+    #: Notebook files changed after the run's commit; None where git cannot tell (a shallow clone).
+    changed_since: set[str] | None = None
     #: The anchor of the report's "## After the fixes …" section (what failed, was fixed and re-run), or "".
     after_fixes: str = ""
 
@@ -124,10 +125,10 @@ def _head_commit() -> str:
     return (_git("rev-parse", "--short", "HEAD") or "").strip()
 
 
-def _changed_since(commit: str) -> set[str]:
-    """Notebook files that differ between ``commit`` and the working tree (empty where git can't say)."""
+def _changed_since(commit: str) -> set[str] | None:
+    """Notebook files that differ between ``commit`` and the working tree (None where git can't say)."""
     out = _git("diff", "--name-only", commit, "--", "notebooks") if commit else None
-    return {pathlib.PurePosixPath(line).name for line in (out or "").split()}
+    return None if out is None else {pathlib.PurePosixPath(line).name for line in out.split()}
 
 
 def provenance(nb: Notebook, meta: dict, runs: list[GpuRun]) -> tuple[str, bool]:
@@ -154,11 +155,12 @@ def provenance(nb: Notebook, meta: dict, runs: list[GpuRun]) -> tuple[str, bool]
             if stem in run.pages
             else f"its GPU reference run, {run.label}"
         )
-        version = (
-            "the notebook has changed since that run"
-            if nb.file in run.changed_since
-            else "the same notebook as here"
-        )
+        if run.changed_since is None:
+            version = "whether the notebook changed since is unknown here (no git history)"
+        elif nb.file in run.changed_since:
+            version = "the notebook has changed since that run"
+        else:
+            version = "the same notebook as here"
         report = f"../gpu-runs/{run.name}/report.html"
         summary = f'<a href="{report}">run summary</a>'
         if result.startswith("skipped"):
@@ -327,7 +329,10 @@ def gpu_runs_index(runs: list[GpuRun]) -> str:
         for nb in NOTEBOOKS:
             stem = nb.file.removesuffix(".ipynb")
             result = run.results.get(stem, "not in this run (newer)")
-            changed = ("yes" if nb.file in run.changed_since else "no") if stem in run.results else "—"
+            if stem not in run.results or run.changed_since is None:
+                changed = "—"
+            else:
+                changed = "yes" if nb.file in run.changed_since else "no"
             lines.append(f"| [{nb.number} {nb.title}](../notebooks/{stem}) | {result} | {changed} |")
         lines.append("")
     lines += ["```{toctree}", ":hidden:", "", *[f"{run.name}/report" for run in runs], "```", ""]
