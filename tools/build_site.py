@@ -293,8 +293,9 @@ def course_map(runs: list[GpuRun]) -> str:
                 f"**New here? Start with [{first.number} · {first.title}](notebooks/"
                 f"{first.file.removesuffix('.ipynb')}) →**",
                 "**How to read this site.** Each page is a notebook of the course with the outputs of a real "
-                "run, in teaching order (the table of contents is on the left; search is at the top). To run "
-                "one, press *Open in Colab* or *Open in Kaggle* on its page, or clone the repository and "
+                "run, in teaching order (the table of contents is on the left, with search above it; "
+                "Ctrl+K searches from anywhere). To run one, press *Open in Colab* or *Open in Kaggle* on "
+                "its page, or clone the repository and "
                 f"open it in JupyterLab ([README]({REPO_URL}#quickstart)). Instructors: every page links its "
                 "slide deck. Where outputs came from: each page says; GPU reference runs are listed under "
                 f"[GPU runs](gpu-runs/index).{newest}{built}",
