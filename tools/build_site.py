@@ -394,6 +394,20 @@ def syllabus() -> str:
     return re.sub(r" \(issue \d+\)|issue \d+, |, issue \d+(?=\))", "", text)
 
 
+def link_modules(text: str) -> str:
+    """The module table with each module linked to its source and each notebook number to its page."""
+    pages = {nb.number: f"notebooks/{nb.file.removesuffix('.ipynb')}" for nb in NOTEBOOKS}
+
+    def row(m: re.Match) -> str:
+        name, what, users = m.group(1), m.group(2), m.group(3)
+        path = f"mgpu_helpers/{name}" + ("" if (ROOT / "mgpu_helpers" / name).is_dir() else ".py")
+        kind = "tree" if path.endswith(name) else "blob"
+        users = re.sub(r"\b(\d\d[a-z]?)\b", lambda u: f"[{u.group(1)}]({pages[u.group(1)]})", users)
+        return f"| [`mgpu_helpers.{name}`]({REPO_URL}/{kind}/main/{path}) | {what} | {users} |"
+
+    return re.sub(r"^\| `mgpu_helpers\.(\w+)` \| (.*) \| ([^|]*) \|$", row, text, flags=re.M)
+
+
 def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
     """Every page source of the site, generated into ``src``."""
     if src.exists():
@@ -406,7 +420,7 @@ def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
     (src / "labels.md").write_text(readme_section("## How numbers are labelled"))
     modules = readme_section("### The helper package, module by module")
     assert module_table_markdown() in modules, "README's module table is stale: python tools/update_readme.py"
-    (src / "modules.md").write_text(modules)
+    (src / "modules.md").write_text(link_modules(modules))
     (src / "gpu-runs").mkdir()
     (src / "gpu-runs" / "index.md").write_text(gpu_runs_index(runs))
     for run in runs:
