@@ -2,12 +2,13 @@
 notebooks, a local HTTP server serves the folder, and headless Chromium (Debian's, driven by Playwright)
 opens every page.
 
-Checked: every page loads without a console error or a failed request, and asks nothing from outside
-but MathJax (pages with formulas); every internal link resolves (the page, and the section anchor when
-the link names one); the search box finds a word that occurs in one notebook only, and lists that
-notebook alone; every widget's static picture is visible; on every notebook page the *Open in Colab* /
-*Open in Kaggle* buttons are the course map's links to that page's notebook, the slide deck is there, and
-the page says which hardware its outputs came from.
+Checked: every page loads without a console error or a failed request, asks nothing from outside but
+MathJax (pages with formulas), and fits a phone's width (390 px) without scrolling sideways; every
+internal link resolves (the page, and the section anchor when the link names one); the search box finds
+a word that occurs in one notebook only, and lists that notebook alone; every widget's static picture is
+visible; on every notebook page the *Open in Colab* / *Open in Kaggle* buttons are the course map's
+links to that page's notebook and are visible, the slide deck is there, and the page says which
+hardware its outputs came from; the syllabus links the sections it cites.
 
 Skips, saying what is missing, without the site tools (``pip install -e ".[site]"``), Playwright or
 Debian's Chromium (``apt-get install -y chromium``; ``.ci/run`` installs it when missing).
@@ -37,6 +38,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: The only resource the site's pages may load from elsewhere: MathJax, for the pages with formulas
 #: (Sphinx's default). The test answers it with an empty script (the machine has no network).
 ALLOWED_EXTERNAL = ("https://cdn.jsdelivr.net/npm/mathjax@",)
+DESKTOP, PHONE = {"width": 1400, "height": 1000}, {"width": 390, "height": 844}
 
 
 def _missing_site_tools() -> str | None:
@@ -75,9 +77,10 @@ def test_each_page_names_its_gpu_run_or_says_there_is_none(tmp_path):
     (run / "notebooks" / "02b_pipelining_api.html").write_text("<html></html>")
     (run / "report.md").write_text(
         "# GPU check — 2027-01-02\n\nCommit: `abc1234`\n\n| step | result | time | log |\n|---|---|---|---|\n"
-        "| notebook 02b_pipelining_api | pass | 40s | x |\n"
+        "| notebook 02b_pipelining_api | pass | 40s | x |\n| notebook 07a_memory_problems | FAIL | 9s | x |\n"
         "| notebook 06b_ray_tune | skipped: needs ray | - | - |\n"
     )
+    (run / "reruns.tsv").write_text("# notebook\tresult\n07a_memory_problems\tpass (run 2)\n")
     runs = bs.gpu_runs(tmp_path)
     assert [(r.name, r.commit, r.label) for r in runs] == [("2xT4-2027-01-02", "abc1234", "2×T4, 2027-01-02")]
     by_number = {nb.number: nb for nb in NOTEBOOKS}
@@ -90,6 +93,8 @@ def test_each_page_names_its_gpu_run_or_says_there_is_none(tmp_path):
     assert not has_gpu and "skipped it (skipped: needs ray" in text and "No GPU reference run" in text
     text, has_gpu = bs.provenance(by_number["04e"], meta, runs)
     assert not has_gpu and "No GPU reference run includes this notebook yet" in text
+    text, has_gpu = bs.provenance(by_number["07a"], meta, runs)
+    assert has_gpu and "<b>pass (run 2)</b> (FAIL in the first pass" in text
     with pytest.raises(SystemExit, match="run_notebooks.py"):
         bs.provenance(by_number["04e"], {}, runs)
 
@@ -178,7 +183,7 @@ class Reader:
 
     def __init__(self, browser, base_url: str):
         self.base = base_url
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page = browser.new_page(viewport=DESKTOP)
         self.errors: list[str] = []
         self.external: set[str] = set()
         self.page.on(
@@ -270,6 +275,11 @@ def test_every_page_loads_cleanly_and_every_internal_link_resolves(site, reader)
             if bar.count() != 4 or not all(bar.nth(i).is_visible() for i in range(4)):
                 problems.append(f"{path}: the Colab / Kaggle / Slides / GitHub buttons are not all visible")
         hrefs = reader.page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+        reader.page.set_viewport_size(PHONE)  # on a phone, wide content scrolls in its own box, not the page
+        width = reader.page.evaluate("document.documentElement.scrollWidth")
+        if width > PHONE["width"] + 1:
+            problems.append(f"{path}: {width} px wide on a {PHONE['width']} px phone screen")
+        reader.page.set_viewport_size(DESKTOP)
         for href in hrefs:
             if not href.startswith(reader.base):
                 continue
@@ -386,3 +396,13 @@ def test_notebook_pages_open_their_own_notebook_on_colab_and_kaggle(site):
         hardware = json.loads((ROOT / "notebooks" / nb.file).read_text())["metadata"]["mgpu_run"]["hardware"]
         assert hardware in provenance, f"{stem}: the page does not say where its outputs came from"
         assert "GPU" in provenance, f"{stem}: the page says nothing about GPU runs"
+
+
+def test_the_syllabus_links_the_sections_it_cites_and_stops_at_one_that_does_not_exist():
+    bs = _build_site_module()
+    page = bs.syllabus("| ring all-reduce | 04a §3 (by hand), §4 (DDP) | Kaplan et al. (2020) §2.1 |\n")
+    anchors = bs.section_anchors()
+    assert f"[04a §3]({anchors[('04a', '3')]})" in page and f"[§4]({anchors[('04a', '4')]})" in page
+    assert "(2020) §2.1 |" in page  # a cell that names no notebook: a paper's section, left alone
+    with pytest.raises(SystemExit, match="04a §7"):
+        bs.syllabus("| ring all-reduce | 04a §3, §7 |\n")

@@ -78,6 +78,9 @@ class GpuRun:
     changed_since: set[str] | None = None
     #: The anchor of the report's "## After the fixes …" section (what failed, was fixed and re-run), or "".
     after_fixes: str = ""
+    #: Results of notebooks re-run after fixes on the same machine (``reruns.tsv`` beside the report,
+    #: written by whoever re-ran them: ``stem<TAB>result``).
+    reruns: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -106,6 +109,10 @@ def gpu_runs(folder: pathlib.Path = GPU_RUNS) -> list[GpuRun]:
         run.changed_since = _changed_since(run.commit)
         fixes = re.search(r"^## (After the fixes.*)$", text, re.M)
         run.after_fixes = _slug(fixes.group(1)) if fixes else ""
+        reruns = report.parent / "reruns.tsv"
+        if reruns.is_file():
+            rows = [line.split("\t") for line in reruns.read_text().splitlines() if line and line[0] != "#"]
+            run.reruns = {stem: result for stem, result in rows}
         runs.append(run)
     return runs
 
@@ -166,11 +173,14 @@ def provenance(nb: Notebook, meta: dict, runs: list[GpuRun]) -> tuple[str, bool]
         if result.startswith("skipped"):
             parts.append(f"The GPU check of {run.label} skipped it ({html.escape(result)}; {summary}).")
             continue
-        if result != "pass" and run.after_fixes:
+        fixes = f'<a href="{report}#{run.after_fixes}">after the fixes</a>' if run.after_fixes else ""
+        if result != "pass" and stem in run.reruns:
             result_text = (
-                f"<b>{html.escape(result)}</b> in its first pass (what was fixed and re-run: "
-                f'<a href="{report}#{run.after_fixes}">after the fixes</a>)'
+                f"<b>{html.escape(run.reruns[stem])}</b> ({html.escape(result)} in the first pass; what was "
+                f"fixed: {fixes or 'run summary'})"
             )
+        elif result != "pass" and fixes:
+            result_text = f"<b>{html.escape(result)}</b> in its first pass (fixed and re-run: {fixes})"
         else:
             result_text = f"<b>{html.escape(result)}</b>"
         scope = " — one GPU, so the multi-GPU (NCCL) paths were not run" if run.gpus == 1 else ""
@@ -330,6 +340,8 @@ def gpu_runs_index(runs: list[GpuRun]) -> str:
         for nb in NOTEBOOKS:
             stem = nb.file.removesuffix(".ipynb")
             result = run.results.get(stem, "not in this run (newer)")
+            if stem in run.reruns:
+                result = f"{result} → {run.reruns[stem]}"
             if stem not in run.results or run.changed_since is None:
                 changed = "—"
             else:
@@ -351,11 +363,15 @@ def run_report(run: GpuRun) -> str:
         path = m.group(1)
         return f'<a href="{path}"><code>{path}</code></a>' if (folder / path).is_file() else m.group(0)
 
-    return re.sub(r"`(logs/[^`\s]+)`", log_link, text)
+    text = re.sub(r"`(logs/[^`\s]+)`", log_link, text)
+    logs = sorted(p.relative_to(folder).as_posix() for p in (folder / "logs").rglob("*") if p.is_file())
+    if logs:
+        text += "\n## Every log of this run\n\n" + "\n".join(f'* <a href="{p}">{p}</a>' for p in logs) + "\n"
+    return text
 
 
-#: How SYLLABUS.md names a section: ``04a §3`` (notebook 04a, section 3).
-SECTION_REF = re.compile(r"(?<![\w`])(\d\d[a-z]?) §(\d+)\b")
+#: How SYLLABUS.md cites a section: ``04a §3`` (notebook 04a, section 3), or ``§3`` after such a citation.
+CITATION = re.compile(r"(?:(?<![\w`])(\d\d[a-z]?) )?§(\d+)\b")
 
 
 def _slug(heading: str) -> str:
@@ -381,17 +397,38 @@ def section_anchors() -> dict[tuple[str, str], str]:
     return anchors
 
 
-def syllabus() -> str:
-    """SYLLABUS.md with every ``NNx §k`` a link to that section of the notebook's page."""
-    anchors = section_anchors()
+def syllabus(text: str | None = None) -> str:
+    """SYLLABUS.md (or ``text``) with every section it cites linked to that section of the notebook's page:
+    ``04a §3``, and a bare ``§4`` after it in the same table cell (the same notebook). A citation of a
+    section that does not exist stops the build."""
+    anchors, missing = section_anchors(), []
 
-    def link(m: re.Match) -> str:
-        target = anchors.get((m.group(1), m.group(2)))
-        return f"[{m.group(0)}]({target})" if target else m.group(0)
+    def cell(text: str) -> str:
+        current = None
 
-    text = SECTION_REF.sub(link, (ROOT / "SYLLABUS.md").read_text())
+        def link(m: re.Match) -> str:
+            nonlocal current
+            number, k = m.group(1) or current, m.group(2)
+            if m.group(1):
+                current = m.group(1)
+            if number is None:
+                return m.group(0)
+            target = anchors.get((number, k))
+            if target is None:
+                missing.append(f"{number} §{k}")
+                return m.group(0)
+            return f"[{m.group(0)}]({target})"
+
+        return CITATION.sub(link, text)
+
+    lines = [
+        "|".join(cell(part) for part in line.split("|"))
+        for line in (text if text is not None else (ROOT / "SYLLABUS.md").read_text()).splitlines()
+    ]
+    if missing:
+        raise SystemExit(f"SYLLABUS.md cites sections that do not exist: {', '.join(sorted(set(missing)))}")
     # The repository's syllabus names the issues that added rows; the site's readers have no use for them.
-    return re.sub(r" \(issue \d+\)|issue \d+, |, issue \d+(?=\))", "", text)
+    return re.sub(r" \(issue \d+\)|issue \d+, |, issue \d+(?=\))", "", "\n".join(lines) + "\n")
 
 
 def link_modules(text: str) -> str:
@@ -405,7 +442,11 @@ def link_modules(text: str) -> str:
         users = re.sub(r"\b(\d\d[a-z]?)\b", lambda u: f"[{u.group(1)}]({pages[u.group(1)]})", users)
         return f"| [`mgpu_helpers.{name}`]({REPO_URL}/{kind}/main/{path}) | {what} | {users} |"
 
-    return re.sub(r"^\| `mgpu_helpers\.(\w+)` \| (.*) \| ([^|]*) \|$", row, text, flags=re.M)
+    text = re.sub(r"^\| `mgpu_helpers\.(\w+)` \| (.*) \| ([^|]*) \|$", row, text, flags=re.M)
+    # the table as a MyST table with a class, so that the module names do not break on a phone
+    return re.sub(
+        r"((?:^\|.*\n)+)", r":::{table}\n:class: mgpu-modules\n\n\1:::\n", text, count=1, flags=re.M
+    )
 
 
 def write_sources(src: pathlib.Path, runs: list[GpuRun]) -> None:
