@@ -233,6 +233,35 @@ def causal_ring_attention_collects_blocks(q, k, v):
     return torch.softmax(scores, dim=-1) @ values
 
 
+def causal_ring_attention_two_pass(q, k, v):
+    """The ring's messages and no whole-sequence tensor, but every block is kept in a list and the softmax
+    takes two passes over them at the end (its memory grows with the ring, unlike the online softmax)."""
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    kv, held = torch.stack([k, v]), []
+    for step in range(cp):
+        if (rank - step) % cp <= rank:
+            held.append((kv, (rank - step) % cp == rank))
+        if step < cp - 1:
+            incoming = torch.empty_like(kv)
+            ops = [dist.P2POp(dist.isend, kv, (rank + 1) % cp)]
+            ops.append(dist.P2POp(dist.irecv, incoming, (rank - 1) % cp))
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+            kv = incoming
+    scores = []
+    for blk, diagonal in held:
+        s = q @ blk[0].T / q.shape[-1] ** 0.5
+        if diagonal:
+            s = s.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
+        scores.append(s)
+    m = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0).unsqueeze(-1)
+    out, den = torch.zeros_like(q), torch.zeros(len(q), 1, dtype=q.dtype)
+    for s, (blk, _) in zip(scores, held, strict=True):
+        p = torch.exp(s - m)
+        out, den = out + p @ blk[1], den + p.sum(dim=-1, keepdim=True)
+    return out / den
+
+
 def causal_ring_attention_isend_recv(q, k, v):
     """Also correct: isend + blocking recv instead of batch_isend_irecv, K and V as two messages, and the
     block received before it is used (no overlap)."""
@@ -256,6 +285,30 @@ def causal_ring_attention_isend_recv(q, k, v):
     return o / den
 
 
+def causal_ring_attention_persistent_buffers(q, k, v):
+    """Also correct: two buffers made once, each block received into spares and copied in (a copy is not a
+    late use of the block it overwrites)."""
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    o, m, den = start(q)
+    k_buf, v_buf, k_in, v_in = k.clone(), v.clone(), torch.empty_like(k), torch.empty_like(v)
+    for step in range(cp):
+        src = (rank - step) % cp
+        if src <= rank:
+            scores = q @ k_buf.T / q.shape[-1] ** 0.5
+            if src == rank:
+                scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
+            o, m, den = merge(o, m, den, scores, v_buf)
+        if step < cp - 1:
+            nxt, prv = (rank + 1) % cp, (rank - 1) % cp
+            ops = [dist.P2POp(dist.isend, k_buf, nxt), dist.P2POp(dist.isend, v_buf, nxt)]
+            ops += [dist.P2POp(dist.irecv, k_in, prv), dist.P2POp(dist.irecv, v_in, prv)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+            k_buf.copy_(k_in)
+            v_buf.copy_(v_in)
+    return o / den
+
+
 SOLUTIONS = {"05e.1": (sp_block,), "05e.2": (causal_ring_attention,)}
 WRONG = {"05e.1": (sp_block_slices_back,), "05e.2": (causal_ring_attention_no_rescale,)}
 SHORTCUTS = {
@@ -267,9 +320,13 @@ SHORTCUTS = {
     "05e.2": {
         "all_gather_kv": (causal_ring_attention_all_gather,),
         "ring_keeps_every_block": (causal_ring_attention_collects_blocks,),
+        "two_pass_softmax_over_kept_blocks": (causal_ring_attention_two_pass,),
     },
 }
 VARIANTS = {
     "05e.1": {"single_tensor_collectives": (sp_block_single_tensor,)},
-    "05e.2": {"isend_and_recv": (causal_ring_attention_isend_recv,)},
+    "05e.2": {
+        "isend_and_recv": (causal_ring_attention_isend_recv,),
+        "persistent_buffers": (causal_ring_attention_persistent_buffers,),
+    },
 }

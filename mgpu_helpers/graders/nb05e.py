@@ -10,19 +10,23 @@ reduce-scatter of a whole ``(b, s, h)`` activation and no all-reduce of an activ
 05e.2 calls the student's ``causal_ring_attention(q, k, v)`` on 3 ranks; each rank draws only its own
 blocks (the whole sequence exists nowhere in a rank), and the result is compared with causal
 ``scaled_dot_product_attention`` on the whole sequence. Keys and values may travel only by point-to-point
-messages no larger than one (K, V) block, and no tensor a rank makes may span the whole sequence.
+messages no larger than one (K, V) block, and no tensor a rank makes may span the whole sequence. The
+ring must also stream: once a rank has computed with a block it received, it never again touches a block
+that arrived earlier (an online softmax merges each block as it comes; keeping blocks for a second pass
+makes a rank's memory grow with the ring).
 """
 
 from __future__ import annotations
 
 import secrets
+import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..collectives import CollectiveSpy
+from ..collectives import CollectiveSpy, _tensors
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
@@ -206,13 +210,88 @@ def _blocks(seed: int, rank: int, b: int, d: int) -> list[torch.Tensor]:
     return [torch.randn(b, d, dtype=torch.float64, generator=gen) for _ in range(3)]
 
 
-def _ring_rank(rank: int, world: int, fn: Any, seed: int, b: int, d: int) -> dict[str, Any]:
+_COPIES = {"clone", "_to_copy", "cat", "stack", "contiguous"}  # ops whose output holds their input's values
+_OVERWRITES = {"copy_", "zero_", "fill_"}  # in-place ops that replace a tensor's values without reading them
+_SHAPE_ONLY = {"empty_like", "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones"}
+
+
+class _RingWatch(_Watch):
+    """:class:`_Watch`, plus which received block each tensor holds and the order in which blocks are used.
+
+    A received tensor is numbered by the block it belongs to: bytes received so far // one (K, V) block's
+    bytes, + 1 (so K and V sent apart, or a block cut into smaller messages, count as one block). Views share
+    their base's storage and copies inherit the number. ``late`` is the first op that used a block after a
+    later one had been used: (op, earlier block, later block)."""
+
+    def __init__(self, block_bytes: int) -> None:
+        super().__init__()
+        self.block_bytes, self.received = block_bytes, 0
+        self.held: list[tuple[weakref.ref, int, frozenset[int]]] = []  # (tensor, storage address, blocks)
+        self.newest = 0
+        self.late: tuple[str, int, int] | None = None
+
+    @staticmethod
+    def _address(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr() if t.numel() else 0
+
+    def _blocks_in(self, tensors: list[torch.Tensor]) -> frozenset[int]:
+        self.held = [h for h in self.held if h[0]() is not None]  # a freed tensor's address may come back
+        addresses = {self._address(t) for t in tensors} - {0}
+        return frozenset().union(*(blocks for _, a, blocks in self.held if a in addresses))
+
+    def _mark(self, t: torch.Tensor, blocks: frozenset[int]) -> None:
+        address = self._address(t)
+        if address:  # a write replaces what every view of that storage holds
+            self.held = [h for h in self.held if h[1] != address and h[0]() is not None]
+            if blocks:
+                self.held.append((weakref.ref(t), address, blocks))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        namespace, _, name = func.name().partition("::")
+        name = name.split(".")[0]
+        if namespace == "c10d":
+            if name.strip("_") == "recv":
+                for t in _tensors(args[0]):
+                    block = self.received // self.block_bytes + 1
+                    self.received += t.numel() * t.element_size()
+                    self._mark(t, frozenset({block}))
+            return out
+        if name in _SHAPE_ONLY:
+            return out
+        if name in _OVERWRITES:  # the old content is dropped, not used; a copy brings its source's blocks
+            used = self._blocks_in(_tensors(args[1:])) if name == "copy_" else frozenset()
+            self._mark(args[0], used)
+        else:
+            used = self._blocks_in(_tensors((args, kwargs)))
+            if name in _COPIES:
+                for t in _tensors(out):
+                    self._mark(t, used)
+        if used:
+            if self.late is None and min(used) < self.newest:
+                self.late = (name, min(used), self.newest)
+            self.newest = max(self.newest, *used)
+        return out
+
+
+def _ring_rank(
+    rank: int, world: int, fn: Any, seed: int, b: int, d: int, block_bytes: int
+) -> dict[str, Any]:
     q, k, v = _blocks(seed, rank, b, d)  # this rank's blocks only: no rank ever has the whole sequence
-    with _Watch() as watch:
+    with _RingWatch(block_bytes) as watch:
         out = fn(q, k, v)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"causal_ring_attention must return a tensor, not {type(out).__name__}")
-    return {"out": out.detach(), "calls": [(c.op, c.nbytes) for c in watch.calls], "shapes": watch.shapes}
+    return {
+        "out": out.detach(),
+        "calls": [(c.op, c.nbytes) for c in watch.calls],
+        "shapes": watch.shapes,
+        "late": watch.late,
+    }
+
+
+def _nth(block: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(block, f"{block}th")
 
 
 @exercise(
@@ -231,7 +310,7 @@ def grade_causal_ring(fn: Any) -> str:
     world, seed = 3, 1000 + secrets.randbelow(10**6)
     b, d = 4 + secrets.randbelow(2), 6 + 2 * secrets.randbelow(2)
     s, block_bytes = world * b, 2 * b * d * 8
-    ranks = run_ranks(_ring_rank, world, fn, seed, b, d)
+    ranks = run_ranks(_ring_rank, world, fn, seed, b, d, block_bytes)
     for rank, out in enumerate(ranks):
         others = sorted({op for op, _ in out["calls"]} - {"send", "recv"})
         if others:
@@ -267,6 +346,15 @@ def grade_causal_ring(fn: Any) -> str:
             raise Wrong(
                 f"rank {rank}'s output differs from causal attention over the whole sequence by up to "
                 f"{diff:.3g}."
+            )
+    for rank, out in enumerate(ranks):
+        if out["late"]:
+            _, old, new = out["late"]
+            raise Wrong(
+                f"rank {rank} used the block it received {_nth(old)} after it had already computed "
+                f"with the {_nth(new)}: it kept blocks for a second pass. Ring attention streams: merge "
+                "each block into o, m and den (online softmax) as soon as it arrives, pass it on and let it "
+                "go, so a rank holds only its own block and the one in hand however long the ring."
             )
     if not any(op == "send" for op, _ in ranks[-1]["calls"]):
         raise Wrong("the last rank sent nothing: every rank passes its blocks on around the ring.")
