@@ -16,7 +16,8 @@ gradient is the average of what the ranks' own backward passes produced (hooks o
 full-batch gradient computed on a copy or on a rebuilt model and written into ``p.grad`` is rejected.
 
 04a.1 also checks that each rank sends only to its right neighbour: the ring, not another all-gather
-with the same byte count.
+with the same byte count; and a dispatch mode (:class:`~mgpu_helpers.collectives.CollectiveSpy`) notes
+every collective that reaches the process group, so one called past the ``dist.*`` functions is caught.
 
 """
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..collectives import CollectiveSpy
 from ..exercises import Wrong, exercise
 from ._ranks import run_ranks
 
@@ -90,8 +92,10 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
             x = torch.randn(shape, dtype=torch.float64, generator=gen)
             mine, reference = x.clone(), x.clone()
             counted["bytes"] = 0
-            ring_all_reduce(mine)
+            with CollectiveSpy() as spy:  # sees the process group's own calls too, past the dist.* names
+                ring_all_reduce(mine)
             sent = counted["bytes"]
+            counted["collectives"].update(c.op for c in spy.calls if c.op not in ("send", "recv"))
             real["all_reduce"](reference)
             results.append(
                 {
@@ -132,8 +136,9 @@ def grade_ring(ring_all_reduce: Callable[[torch.Tensor], Any]) -> str:
     for rank, out in enumerate(ranks):
         if out["collectives"]:
             raise Wrong(
-                f"rank {rank} called dist.{', dist.'.join(out['collectives'])}: the exercise builds the "
-                "all-reduce from point-to-point messages only."
+                f"rank {rank} ran the collective(s) {', '.join(out['collectives'])} (through dist.* or "
+                "the process group itself): the exercise builds the all-reduce from point-to-point "
+                "messages only."
             )
         for r in out["results"]:
             if r["unchanged"]:
