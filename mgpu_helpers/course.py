@@ -21,6 +21,7 @@ REPO_ENV = "MGPU_COURSE_REPO"
 #: Each extra of pyproject.toml (expanded; a test keeps them equal): the packages it installs and the
 #: modules whose absence makes a notebook's first cell install them.
 EXTRAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "search": (("optuna",), ("optuna",)),
     "tune": (("ray[tune]", "optuna", "pandas"), ("ray", "optuna")),
     "interactive": (("ipyparallel",), ("ipyparallel",)),
     "capstone": (("ray[tune]", "optuna", "pandas", "scikit-learn"), ("ray", "optuna", "sklearn")),
@@ -412,7 +413,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
             "labels",
             "tuning",
         ),
-        extra="tune",
+        extra="search",
     ),
     Notebook(
         "06b",
@@ -550,7 +551,7 @@ MODULES: dict[str, str] = {
     "ddp": "`!torchrun` cells on loopback, capturing DDP's C++ warnings, c10d torchrun jobs",
     "precision": "number formats, step timing side by side, per-process state bytes",
     "tuning": "Ray Tune on loopback, a local Ray cluster, trainables, equal-budget studies "
-    "(needs the `tune` extra)",
+    "(Ray needs the `tune` extra; 06a's Optuna alone, the `search` extra)",
     "interactive": "a live multi-rank group for `%%px` cells (ipyparallel engines in one process group) "
     "and its clean shutdown (needs the `interactive` extra)",
     "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "

@@ -256,7 +256,7 @@ def _install_calls(
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("extra", ["", "tune", "interactive", "capstone"])
+@pytest.mark.parametrize("extra", ["", "search", "tune", "interactive", "capstone"])
 def test_install_cell_installs_on_colab_and_kaggle_only_and_its_extra_anywhere(extra):
     from mgpu_helpers.course import EXTRAS, REPO_URL, install_cell
 

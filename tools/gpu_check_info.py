@@ -46,6 +46,7 @@ _INSTALL_CELL = (
 TEST_NEEDS = {
     "tests/test_tuning_ray.py": ("ray", "pandas"),
     # asserts that the first cell installs nothing where the extra's modules are all there
+    f"{_INSTALL_CELL}_anywhere[search]": ("optuna",),
     f"{_INSTALL_CELL}_anywhere[tune]": ("ray", "optuna"),
     f"{_INSTALL_CELL}_anywhere[capstone]": ("ray", "optuna", "sklearn"),
     f"{_INSTALL_CELL}_anywhere[interactive]": ("ipyparallel",),
