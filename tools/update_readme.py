@@ -7,7 +7,7 @@
     python tools/update_readme.py
 
 Publishing the course under another repository: change ``REPO_URL``/``REPO_SLUG`` in
-``mgpu_helpers/course.py``, then run this.
+``mgpu_helpers/course/notebook.py``, then run this.
 """
 
 from __future__ import annotations

@@ -1,118 +1,11 @@
-"""Used by notebook 00 and ``python -m mgpu_helpers``. The course map: one entry per notebook, what
-each does on CPU, one GPU and several GPUs, and which helper modules it imports; plus the package's
-module table.
-
-README.md shows both tables (unit tests keep them in step with this file, with the notebooks' real
-imports and with the modules on disk; ``python tools/update_readme.py`` rewrites them).
+"""Used by notebook 00 (through :mod:`mgpu_helpers.course`). The course map's data: one :class:`Notebook` per
+notebook, in teaching order, with what it does on CPU, one GPU and several GPUs, the helper modules it
+imports and the extra it needs (tests keep them in step with the notebooks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-#: Where the course lives: badges and the notebooks' install cells point here. Whoever publishes the course
-#: elsewhere changes these two lines and runs ``python tools/update_readme.py`` (README tables, badges and
-#: every notebook's install cell follow).
-REPO_URL = "https://github.com/mgpu-course/mgpu-course"
-REPO_SLUG = "mgpu-course/mgpu-course"
-#: Set in a notebook's environment, this overrides REPO_URL for its install cell (a fork; ``…@branch``).
-REPO_ENV = "MGPU_COURSE_REPO"
-
-#: Each extra of pyproject.toml (expanded; a test keeps them equal): the packages it installs and the
-#: modules whose absence makes a notebook's first cell install them.
-EXTRAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "search": (("optuna",), ("optuna",)),
-    "tune": (("ray[tune]", "optuna", "pandas"), ("ray", "optuna")),
-    "interactive": (("ipyparallel",), ("ipyparallel",)),
-    "capstone": (("ray[tune]", "optuna", "pandas", "scikit-learn"), ("ray", "optuna", "sklearn")),
-}
-
-
-def install_cell(extra: str = "") -> str:
-    """The first code cell of a notebook that needs ``extra`` ("" for the base package only).
-
-    On Colab and Kaggle it installs the course's package (with the extra) from :data:`REPO_URL`, or from
-    the repository named by the environment variable :data:`REPO_ENV`; anywhere, it installs the extra's
-    packages where one of its modules is missing; elsewhere it does nothing.
-    """
-    if extra:
-        lines = [
-            f"# Colab and Kaggle: install the course's package with its `{extra}` extra ({REPO_ENV} may "
-            "name a",
-            "# fork, add @branch); anywhere: install that extra's packages where missing (the base install "
-            "leaves them out).",
-        ]
-    else:
-        lines = [
-            f"# Colab and Kaggle: install the course's package ({REPO_ENV} may name a fork, add @branch)."
-        ]
-    lines += ["import importlib", "import importlib.util"] if extra else ["import importlib.util"]
-    lines += [
-        "import os",
-        "import sys",
-        "",
-        f'REPO = os.environ.get("{REPO_ENV}", "{REPO_URL}")',
-        'HOSTED = "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ',
-        'if HOSTED and importlib.util.find_spec("mgpu_helpers") is None:',
-        f'    %pip install -q "mgpu-course{f"[{extra}]" if extra else ""} @ git+{{REPO}}"',
-    ]
-    if extra:
-        packages, modules = EXTRAS[extra]
-        names = ", ".join(f'"{m}"' for m in modules) + ("," if len(modules) == 1 else "")
-        pip = " ".join(f'"{p}"' if "[" in p else p for p in packages)
-        lines += [
-            f"if any(importlib.util.find_spec(m) is None for m in ({names})):",
-            f"    %pip install -q {pip}",
-            "    importlib.invalidate_caches()",
-        ]
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Notebook:
-    """One notebook of the course and its behaviour per hardware configuration."""
-
-    number: str
-    file: str
-    title: str
-    teaches: str
-    cpu: str
-    one_gpu: str
-    multi_gpu: str
-    #: The ``mgpu_helpers`` modules the notebook imports (checked against its code by a test).
-    helpers: tuple[str, ...] = ()
-    ready: bool = True
-    #: The package extra this notebook needs beyond the base install ("" for none); its first cell
-    #: installs that extra's packages where they are missing (checked by a test).
-    extra: str = ""
-
-    @property
-    def colab_url(self) -> str:
-        """Link that opens this notebook on Google Colab."""
-        return f"https://colab.research.google.com/github/{REPO_SLUG}/blob/main/notebooks/{self.file}"
-
-    @property
-    def kaggle_url(self) -> str:
-        """Link that opens this notebook on Kaggle (choose the "GPU T4 x2" accelerator there)."""
-        return f"https://kaggle.com/kernels/welcome?src=https://github.com/{REPO_SLUG}/blob/main/notebooks/{self.file}"
-
-    def badges(self) -> str:
-        """The notebook's "Open in Colab" and "Open in Kaggle" badges (Markdown, one line)."""
-        return (
-            f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({self.colab_url}) "
-            f"[![Open In Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({self.kaggle_url})"
-        )
-
-    def install_cell(self) -> str:
-        """This notebook's first code cell (see :func:`install_cell`)."""
-        return install_cell(self.extra)
-
-    def mode(self, gpu_count: int) -> str:
-        """What this notebook does on a machine with ``gpu_count`` GPUs."""
-        if gpu_count <= 0:
-            return self.cpu
-        return self.one_gpu if gpu_count == 1 else self.multi_gpu
-
+from .notebook import Notebook
 
 NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook(
@@ -146,10 +39,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 engines on gloo (4 with NPROCS = 4 on a 4-core machine)",
         "2 engines on gloo on the CPU (NCCL needs a GPU per rank)",
         "one engine per GPU on NCCL",
-        helpers=(
-            "exercises",
-            "interactive",
-        ),
+        helpers=("exercises", "interactive"),
         extra="interactive",
     ),
     Notebook(
@@ -173,13 +63,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "stages as CPU processes (gloo)",
         "CPU processes for the multi-stage parts",
         "stages on cuda:0, cuda:1",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-            "pipeline",
-        ),
+        helpers=("exercises", "hardware", "labels", "launching", "pipeline"),
     ),
     Notebook(
         "02b",
@@ -190,12 +74,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "stages as CPU processes (gloo)",
         "CPU processes for the stages",
         "stages on cuda:0, cuda:1",
-        helpers=(
-            "exercises",
-            "hardware",
-            "launching",
-            "pipeline",
-        ),
+        helpers=("exercises", "hardware", "launching", "pipeline"),
     ),
     Notebook(
         "02c",
@@ -206,13 +85,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
-        helpers=(
-            "collectives",
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-        ),
+        helpers=("collectives", "exercises", "hardware", "labels", "launching"),
     ),
     Notebook(
         "03a",
@@ -278,12 +151,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "torchrun with 2 gloo processes",
         "same (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
-        helpers=(
-            "ddp",
-            "exercises",
-            "hardware",
-            "labels",
-        ),
+        helpers=("ddp", "exercises", "hardware", "labels"),
     ),
     Notebook(
         "04e",
@@ -316,14 +184,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "bf16 autocast timed; fp16 + GradScaler for correctness",
         "fp32, bf16 (if supported) and fp16 + GradScaler timed on cuda:0, with their MFU",
         "same on cuda:0",
-        helpers=(
-            "exercises",
-            "data",
-            "hardware",
-            "labels",
-            "models",
-            "precision",
-        ),
+        helpers=("exercises", "data", "hardware", "labels", "models", "precision"),
     ),
     Notebook(
         "05b",
@@ -333,15 +194,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "ZeRO-1 and FSDP2 on 2 gloo processes",
         "sharding on 2 gloo CPU processes; checkpointing on cuda:0",
         "ZeRO-1/FSDP2 with NCCL on 2 GPUs",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-            "memory",
-            "models",
-            "precision",
-        ),
+        helpers=("exercises", "hardware", "labels", "launching", "memory", "models", "precision"),
     ),
     Notebook(
         "05c",
@@ -352,12 +205,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes (NCCL needs a GPU per rank); the 1-process load on cuda:0",
         "one NCCL process per GPU",
-        helpers=(
-            "collectives",
-            "exercises",
-            "labels",
-            "launching",
-        ),
+        helpers=("collectives", "exercises", "labels", "launching"),
     ),
     Notebook(
         "05d",
@@ -368,13 +216,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "planner + checks on 2 gloo processes",
         "same",
         "same; GPU memory read from the device",
-        helpers=(
-            "exercises",
-            "labels",
-            "launching",
-            "memory",
-            "planner",
-        ),
+        helpers=("exercises", "labels", "launching", "memory", "planner"),
     ),
     Notebook(
         "05e",
@@ -407,12 +249,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "all on CPU",
         "all on CPU",
         "all on CPU",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "tuning",
-        ),
+        helpers=("exercises", "hardware", "labels", "tuning"),
         extra="search",
     ),
     Notebook(
@@ -424,13 +261,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Ray on CPU",
         "fractional GPUs per trial",
         "trials spread over GPUs",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "processes",
-            "tuning",
-        ),
+        helpers=("exercises", "hardware", "labels", "processes", "tuning"),
         extra="tune",
     ),
     Notebook(
@@ -442,14 +273,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "OOM in a memory-capped child process",
         "OOM under a capped memory fraction",
         "same, per device",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "memory",
-            "models",
-            "troubleshoot",
-        ),
+        helpers=("exercises", "hardware", "labels", "memory", "models", "troubleshoot"),
     ),
     Notebook(
         "07b",
@@ -460,13 +284,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "errors on the CPU; hangs between 2 gloo processes",
         "same, plus a device-side assert in a child process",
         "same as 1 GPU (the hang demos stay on gloo)",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-            "troubleshoot",
-        ),
+        helpers=("exercises", "hardware", "labels", "launching", "troubleshoot"),
     ),
     Notebook(
         "07c",
@@ -477,15 +295,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "memory picture from a profiled CPU run; profiler and hang lab on 2 gloo processes",
         "plus a real CUDA memory snapshot and the fragmentation demo on cuda:0, in child processes",
         "as with 1 GPU; the profiled DDP step on NCCL, one GPU per rank",
-        helpers=(
-            "ddp",
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-            "memory",
-            "troubleshoot",
-        ),
+        helpers=("ddp", "exercises", "hardware", "labels", "launching", "memory", "troubleshoot"),
     ),
     Notebook(
         "08",
@@ -497,14 +307,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes on the CPU; Tune trials on cuda:0 with bf16, or fp16 + GradScaler on a T4",
         "one NCCL process per GPU, bf16 or fp16 + GradScaler per GPU, MFU per GPU; trials spread over the "
         "GPUs",
-        helpers=(
-            "exercises",
-            "hardware",
-            "labels",
-            "launching",
-            "processes",
-            "tuning",
-        ),
+        helpers=("exercises", "hardware", "labels", "launching", "processes", "tuning"),
         extra="capstone",
     ),
     Notebook(
@@ -520,80 +323,3 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         extra="capstone",
     ),
 )
-
-
-#: Every module (or subpackage) of ``mgpu_helpers``, in the order a newcomer should read them: shared
-#: building blocks first, then one per notebook topic. README's module table is generated from it.
-MODULES: dict[str, str] = {
-    "course": "the course map and this module table",
-    "doctor": "the environment doctor: platform, Python, torch/CUDA builds, GPUs, bf16, peer access, an NCCL "
-    "smoke test, start method, widget versions — and what the course does about each",
-    "labels": '"measured / simulated / estimated" labels for every printed number',
-    "exercises": "`grade(id, work)`: runs a graded exercise's grader, prints ⏳ / ✅ / ❌ with a hint",
-    "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
-    "`solutions/`)",
-    "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "
-    "backend rule, `choose_backend`; datasheet peak FLOP/s per GPU for MFU, `peak_flops`",
-    "processes": "free ports, loopback-only checks, stopping a process tree, children that die with "
-    "their parent",
-    "figures": "static figures for saved notebooks (`figure_to_png`), shared colours, node and rank diagrams",
-    "data": "small datasets made locally (classification blobs, images, sequences, tokens)",
-    "models": "small models (MLP, CNN, RNN, transformer) and the one parameter-bytes count",
-    "memory": "exact memory accounting by category (tracker, virtual devices), the one analytic "
-    "estimator, memory plots and the live memory panel",
-    "launching": "run a function on N processes from a notebook (`launch`: ranks from a forkserver, the "
-    "function sent by value, never a fork of the kernel), real torchrun jobs "
-    "(`run_torchrun`) and the torchrun worker",
-    "collectives": "`CollectiveSpy`, the course's one communication spy (every collective a rank calls, "
-    "with its full-tensor bytes), and ring traffic per rank",
-    "pipeline": "pipeline schedules (simulator), stages as real processes, measured timelines",
-    "data_parallel": "nn.DataParallel rebuilt over virtual devices, DataLoader sweeps",
-    "ddp": "`!torchrun` cells on loopback, capturing DDP's C++ warnings, c10d torchrun jobs",
-    "precision": "number formats, step timing side by side, per-process state bytes",
-    "tuning": "Ray Tune on loopback, a local Ray cluster, trainables, equal-budget studies "
-    "(Ray needs the `tune` extra; 06a's Optuna alone, the `search` extra)",
-    "interactive": "a live multi-rank group for `%%px` cells (ipyparallel engines in one process group) "
-    "and its clean shutdown (needs the `interactive` extra)",
-    "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "
-    "and the planner widget",
-    "troubleshoot": "OOM fences (memory-capped children, a capped GPU fraction), memory readings, `is_oom`, "
-    "leak trends, `diagnose(exc)`",
-}
-
-
-def module_users(module: str) -> list[str]:
-    """Numbers of the notebooks that import ``mgpu_helpers.<module>`` directly."""
-    if module not in MODULES:
-        raise ValueError(f"unknown module {module!r}; known: {', '.join(MODULES)}")
-    return [nb.number for nb in NOTEBOOKS if module in nb.helpers]
-
-
-def module_table_markdown() -> str:
-    """The README's module table (Markdown), generated from :data:`MODULES` and the notebooks' imports."""
-    rows = ["| module | what is inside | notebooks |", "|---|---|---|"]
-    for name, what in MODULES.items():
-        users = ", ".join(module_users(name)) or "via other modules"
-        rows.append(f"| `mgpu_helpers.{name}` | {what} | {users} |")
-    return "\n".join(rows)
-
-
-def course_map_markdown() -> str:
-    """The README's course-map table (Markdown), generated from :data:`NOTEBOOKS`."""
-    head = (
-        "| # | Notebook | What it teaches | CPU only | 1 GPU | N GPUs | Open on |\n"
-        "|---|---|---|---|---|---|---|"
-    )
-    rows = []
-    for nb in NOTEBOOKS:
-        title = f"[{nb.title}](notebooks/{nb.file})" if nb.ready else f"{nb.title} (coming)"
-        badge = nb.badges()
-        rows.append(
-            f"| {nb.number} | {title} | {nb.teaches} | {nb.cpu} | {nb.one_gpu} | {nb.multi_gpu} | "
-            f"{badge if nb.ready else '—'} |"
-        )
-    return "\n".join([head, *rows])
-
-
-def modes_here(gpu_count: int) -> list[tuple[str, str, str]]:
-    """``(number, title, mode)`` for every notebook on a machine with ``gpu_count`` GPUs."""
-    return [(nb.number, nb.title + ("" if nb.ready else " (coming)"), nb.mode(gpu_count)) for nb in NOTEBOOKS]
