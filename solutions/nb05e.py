@@ -262,18 +262,24 @@ def causal_ring_attention_two_pass(q, k, v):
     return out / den
 
 
+def _merge_causal(q, k_blk, v_blk, state, src, rank):
+    """The reference's step for the block from rank ``src``, for the variants below: skipped when it
+    lies in the future, masked on the diagonal, merged whole otherwise."""
+    if src > rank:
+        return state
+    scores = q @ k_blk.T / q.shape[-1] ** 0.5
+    if src == rank:
+        scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
+    return merge(*state, scores, v_blk)
+
+
 def causal_ring_attention_isend_recv(q, k, v):
     """Also correct: isend + blocking recv instead of batch_isend_irecv, K and V as two messages, and the
     block received before it is used (no overlap)."""
     rank, cp = dist.get_rank(), dist.get_world_size()
     o, m, den = start(q)
     for step in range(cp):
-        src = (rank - step) % cp
-        if src <= rank:
-            scores = q @ k.T / q.shape[-1] ** 0.5
-            if src == rank:
-                scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
-            o, m, den = merge(o, m, den, scores, v)
+        o, m, den = _merge_causal(q, k, v, (o, m, den), (rank - step) % cp, rank)
         if step < cp - 1:
             k_in, v_in = torch.empty_like(k), torch.empty_like(v)
             reqs = [dist.isend(k.contiguous(), (rank + 1) % cp), dist.isend(v.contiguous(), (rank + 1) % cp)]
@@ -292,12 +298,7 @@ def causal_ring_attention_persistent_buffers(q, k, v):
     o, m, den = start(q)
     k_buf, v_buf, k_in, v_in = k.clone(), v.clone(), torch.empty_like(k), torch.empty_like(v)
     for step in range(cp):
-        src = (rank - step) % cp
-        if src <= rank:
-            scores = q @ k_buf.T / q.shape[-1] ** 0.5
-            if src == rank:
-                scores = scores.masked_fill(torch.ones(len(q), len(q), dtype=torch.bool).triu(1), -torch.inf)
-            o, m, den = merge(o, m, den, scores, v_buf)
+        o, m, den = _merge_causal(q, k_buf, v_buf, (o, m, den), (rank - step) % cp, rank)
         if step < cp - 1:
             nxt, prv = (rank + 1) % cp, (rank - 1) % cp
             ops = [dist.P2POp(dist.isend, k_buf, nxt), dist.P2POp(dist.isend, v_buf, nxt)]
