@@ -3,7 +3,9 @@
 Quick mode makes no timing claim (sizes are tiny); it keeps the benchmarks from rotting when the
 package changes. Full runs are for a quiet machine: ``python benchmarks/<name>.py``.
 
-All quick runs share one Python process (started once for this file): each script runs as
+All quick runs share one Python process (started once for this file), put first in the state a GPU
+machine creates (autograd owns a thread: tests/_gpu_conditions.py), since on a GPU machine the scripts
+that run before a script have run ``backward()``. Each script runs as
 ``__main__`` with ``--quick`` in its ``sys.argv``, its stdout captured on its own, torch's thread count
 put back between scripts. A fresh interpreter, torch import and forkserver per script cost 2-3 s each
 of a 2-core CI machine's time and tested nothing the script's own code path does not.
@@ -26,6 +28,10 @@ RESULT_LINE = re.compile(r"^RESULT( [a-z0-9_]+=(-?[0-9.]+(e[-+]?[0-9]+)?|nan|inf
 RUN_ALL_QUICK = r"""
 import contextlib, io, json, runpy, sys, traceback
 import torch
+sys.path.insert(0, "tests")
+import _gpu_conditions
+_gpu_conditions.start_autograd_thread()  # what a GPU machine's first backward does: fork is now unsafe
+del sys.path[0]
 threads, path0, found = torch.get_num_threads(), list(sys.path), {}
 for script in sys.argv[1:]:
     torch.set_num_threads(threads)

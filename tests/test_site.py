@@ -42,7 +42,7 @@ DESKTOP, PHONE = {"width": 1400, "height": 1000}, {"width": 390, "height": 844}
 
 
 def _missing_site_tools() -> str | None:
-    for module in ("sphinx", "myst_nb", "sphinx_book_theme"):
+    for module in ("sphinx", "myst_nb", "myst_parser", "sphinx_book_theme"):
         if importlib.util.find_spec(module) is None:
             return f'{module} is not installed (pip install -e ".[site]")'
     return None
@@ -398,6 +398,7 @@ def test_notebook_pages_open_their_own_notebook_on_colab_and_kaggle(site):
         assert "GPU" in provenance, f"{stem}: the page says nothing about GPU runs"
 
 
+@needs_site_tools
 def test_the_syllabus_links_the_sections_it_cites_and_stops_at_one_that_does_not_exist():
     bs = _build_site_module()
     page = bs.syllabus("| ring all-reduce | 04a §3 (by hand), §4 (DDP) | Kaplan et al. (2020) §2.1 |\n")
