@@ -15,8 +15,8 @@ lists them with the notebooks that use them; ``mgpu_helpers.course.MODULES`` is 
   :mod:`~mgpu_helpers.graders`, one module per notebook
 * one per topic: :mod:`~mgpu_helpers.pipeline` (02a, 02b), :mod:`~mgpu_helpers.data_parallel` (03a,
   03b), :mod:`~mgpu_helpers.ddp` (04b), :mod:`~mgpu_helpers.precision` (05a, 05b),
-  :mod:`~mgpu_helpers.tuning` (06a, 06b, needs the ``tune`` extra), :mod:`~mgpu_helpers.troubleshoot`
-  (07a, 07b)
+  :mod:`~mgpu_helpers.tuning` (06a with the ``search`` extra; 06b and 08 with the
+  ``tune`` extra), :mod:`~mgpu_helpers.troubleshoot` (07a, 07b)
 
 Importing the package imports none of these (and never Ray); import the module you need.
 Run ``python -m mgpu_helpers`` to see this machine and what each notebook will do on it.
