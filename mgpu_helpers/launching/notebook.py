@@ -143,7 +143,14 @@ def _join_group(rank: int, world_size: int, port: int, backend: str, timeout: ti
         store = loopback_tcp_store(port, world_size, timeout=timeout)
     else:
         store = dist.TCPStore(LOOPBACK, port, world_size, False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    import torch
+
+    # NCCL: name this rank's GPU (the worker set it), else NCCL guesses it from the rank and warns
+    # at the barrier below; the communicator is then also formed here, so its errors show at once.
+    device_id = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
     # Every rank has finished connecting to every other before fn runs: otherwise a rank whose fn makes
     # no collective can return and tear the group down while a peer is still connecting to it
     # ("Gloo connectFullMesh failed ... Connection closed by peer").

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         device = torch.device("cpu")
     me.update(backend=backend, device=str(device))
-    dist.init_process_group(backend=backend)  # env:// — torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE
+    # env:// (torchrun set MASTER_ADDR/PORT, RANK, WORLD_SIZE); NCCL: this rank's GPU, named, not guessed
+    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     try:
         total = torch.tensor([float(me["rank"])], device=device)
         dist.all_reduce(total)  # every rank ends with 0 + 1 + … + (world_size - 1)
