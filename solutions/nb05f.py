@@ -46,11 +46,20 @@ def _run_local_experts(x_in, e_in, local_experts, first):
 
 def dispatch_combine(x, idx, gate, local_experts, rank, world_size):
     """Sort-based grouping: the (token, slot) pairs sorted by expert are grouped by destination rank."""
+    return _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner=_owner)
+
+
+def _owner(expert, n_local):
+    """The rank that holds each expert: experts are split evenly, in order."""
+    return expert // n_local
+
+
+def _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner):
     n_local = len(local_experts)
     T, k = idx.shape
     expert = idx.reshape(-1)  # pair i is token i // k, slot i % k
     order = torch.argsort(expert, stable=True)
-    send_counts = torch.bincount(expert // n_local, minlength=world_size)
+    send_counts = torch.bincount(owner(expert, n_local), minlength=world_size)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
     send, recv = send_counts.tolist(), recv_counts.tolist()
@@ -61,6 +70,15 @@ def dispatch_combine(x, idx, gate, local_experts, rank, world_size):
     y = AllToAll.apply(y_in, send, recv)
     y = torch.empty_like(y).index_copy(0, order, y)  # row i of y belongs to pair order[i]
     return (y.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+def two_halves_owner(x, idx, gate, local_experts, rank, world_size):
+    """Right on 2 ranks only: an expert's rank read as "first half of the experts or second half"."""
+
+    def halves(expert, n_local):
+        return (expert >= n_local).long()
+
+    return _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner=halves)
 
 
 def dispatch_combine_mask_grouping(x, idx, gate, local_experts, rank, world_size):
@@ -259,6 +277,7 @@ SHORTCUTS = {
         "all_gather_every_token": (all_gather_every_token,),
         "padded_fixed_splits": (padded_fixed_splits,),
         "one_top1_exchange_per_slot": (one_top1_exchange_per_slot,),
+        "two_ranks_only_owner_by_halves": (two_halves_owner,),
     },
     "05f.2": {"graders_own_reference": (kept_graders_own,)},
 }

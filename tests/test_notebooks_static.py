@@ -202,80 +202,107 @@ def test_badges_and_install_cell_are_the_ones_the_course_map_generates(path):
     )
 
 
+#: Runs one install cell once per case ``[hidden, platform, environ]``, each in a fork of one interpreter
+#: that has imported IPython (a fresh interpreter per case cost ~1 s of CI each): the child hides the
+#: packages, plays the platform, runs the cell with a recording ``%pip`` and prints the calls it recorded.
 _RUN_INSTALL_CELL = """
-import importlib.util, json, os, string, sys, types
+import importlib.util, json, os, string, sys, traceback, types
 from IPython.core.inputtransformer2 import TransformerManager
 
-hidden, platform, environ, source = json.loads(sys.argv[1])
-os.environ.update(environ)
-real_find_spec = importlib.util.find_spec
+source, cases = json.loads(sys.argv[1])
+code = TransformerManager().transform_cell(source)
 
-def find_spec(name, package=None):  # as if the hidden packages were not installed
-    if name.split(".")[0] in hidden:
-        if "." in name:  # what find_spec does when the parent package is missing
-            raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
-        return None
-    return real_find_spec(name, package)
+def run(hidden, platform, environ):
+    os.environ.update(environ)
+    real_find_spec = importlib.util.find_spec
 
-importlib.util.find_spec = find_spec
-for name in [n for n in sys.modules if n.split(".")[0] in hidden]:
-    del sys.modules[name]
-if platform == "colab":  # Colab's kernel has imported google.colab before the first cell runs
-    sys.modules["google"] = types.ModuleType("google")
-    sys.modules["google.colab"] = types.ModuleType("google.colab")
-if platform == "kaggle":
-    os.environ["KAGGLE_KERNEL_RUN_TYPE"] = "Interactive"
-calls, namespace = [], {}
+    def find_spec(name, package=None):  # as if the hidden packages were not installed
+        if name.split(".")[0] in hidden:
+            if "." in name:  # what find_spec does when the parent package is missing
+                raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+            return None
+        return real_find_spec(name, package)
 
-class Shell:
-    def run_line_magic(self, name, line):  # IPython expands {names} in a magic's line, as here
-        calls.append(f"%{name} " + string.Formatter().vformat(line, [], namespace))
+    importlib.util.find_spec = find_spec
+    for name in [n for n in sys.modules if n.split(".")[0] in hidden]:
+        del sys.modules[name]
+    if platform == "colab":  # Colab's kernel has imported google.colab before the first cell runs
+        sys.modules["google"] = types.ModuleType("google")
+        sys.modules["google.colab"] = types.ModuleType("google.colab")
+    if platform == "kaggle":
+        os.environ["KAGGLE_KERNEL_RUN_TYPE"] = "Interactive"
+    calls, namespace = [], {}
 
-namespace["get_ipython"] = Shell
-exec(TransformerManager().transform_cell(source), namespace)
-print(json.dumps(calls))
+    class Shell:
+        def run_line_magic(self, name, line):  # IPython expands {names} in a magic's line, as here
+            calls.append(f"%{name} " + string.Formatter().vformat(line, [], namespace))
+
+    namespace["get_ipython"] = Shell
+    exec(code, namespace)
+    return calls
+
+results = []
+for hidden, platform, environ in cases:
+    read, write = os.pipe()
+    if os.fork() == 0:  # the child: one case, in a copy of this interpreter
+        os.close(read)
+        try:
+            reply = {"calls": run(hidden, platform, environ)}
+        except BaseException:
+            reply = {"error": traceback.format_exc()}
+        os.write(write, json.dumps(reply).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        results.append(json.loads(fh.read() or '{"error": "the child died without a reply"}'))
+    os.wait()
+print(json.dumps(results))
 """
 
 
-def _install_calls(
-    source: str, hidden: list[str], platform: str = "", environ: dict | None = None
-) -> list[str]:
-    """The %pip lines an install cell runs with ``hidden`` packages missing on ``platform``."""
+def _install_calls(source: str, cases: list[tuple]) -> list[list[str]]:
+    """The %pip lines an install cell runs in each case ``(hidden, platform, environ)``: with the
+    ``hidden`` packages missing, on ``platform`` ("colab", "kaggle" or "" for anywhere else)."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("MGPU_COURSE_REPO", "KAGGLE_KERNEL_RUN_TYPE")}
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_INSTALL_CELL, json.dumps([hidden, platform, environ or {}, source])],
+        [sys.executable, "-c", _RUN_INSTALL_CELL, json.dumps([source, cases])],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
-    assert proc.returncode == 0, f"the install cell raised:\n{proc.stderr[-2000:]}"
-    return json.loads(proc.stdout.splitlines()[-1])
+    assert proc.returncode == 0, f"the install cell's runner failed:\n{proc.stderr[-2000:]}"
+    results = json.loads(proc.stdout.splitlines()[-1])
+    for case, result in zip(cases, results, strict=True):
+        assert "error" not in result, f"the install cell raised in case {case}:\n{result['error'][-2000:]}"
+    return [result["calls"] for result in results]
 
 
 @pytest.mark.parametrize("extra", ["", "search", "tune", "interactive", "capstone"])
 def test_install_cell_installs_on_colab_and_kaggle_only_and_its_extra_anywhere(extra):
     from mgpu_helpers.course import EXTRAS, REPO_URL, install_cell
 
-    source = install_cell(extra)
     packages, modules = EXTRAS[extra] if extra else ((), ())
     tag = f"[{extra}]" if extra else ""
-    # A base install: no `google` namespace package at all (it arrives only with e.g. protobuf).
-    assert _install_calls(source, ["google"]) == []
-    for platform in ("colab", "kaggle"):
-        calls = _install_calls(source, ["mgpu_helpers", *modules], platform)
-        assert calls[0] == f'%pip install -q "mgpu-course{tag} @ git+{REPO_URL}"'
     fork = "https://github.com/someone/mgpu-course@fix-typo"
-    calls = _install_calls(source, ["mgpu_helpers"], "kaggle", {"MGPU_COURSE_REPO": fork})
-    assert calls[0] == f'%pip install -q "mgpu-course{tag} @ git+{fork}"'
+    cases = [
+        (["google"], "", {}),  # a base install: no `google` namespace package at all (protobuf brings it)
+        (["mgpu_helpers", *modules], "colab", {}),
+        (["mgpu_helpers", *modules], "kaggle", {}),
+        (["mgpu_helpers"], "kaggle", {"MGPU_COURSE_REPO": fork}),
+        *((["google", module], "", {}) for module in modules),  # anywhere, one of the extra's modules missing
+    ]
+    anywhere, colab, kaggle, forked, *missing_one = _install_calls(install_cell(extra), cases)
+    assert anywhere == []
+    for calls in (colab, kaggle):
+        assert calls[0] == f'%pip install -q "mgpu-course{tag} @ git+{REPO_URL}"'
+    assert forked[0] == f'%pip install -q "mgpu-course{tag} @ git+{fork}"'
     pip = " ".join(f'"{p}"' if "[" in p else p for p in packages)
-    for (
-        module
-    ) in modules:  # anywhere without one of the extra's modules, the cell installs the extra's packages
-        assert _install_calls(source, ["google", module]) == [f"%pip install -q {pip}"]
+    for module, calls in zip(modules, missing_one, strict=True):  # the cell installs the extra's packages
+        assert calls == [f"%pip install -q {pip}"], module
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -1,8 +1,9 @@
 """Used by notebook 05f's exercise: the dispatch and combine of an expert-parallel MoE layer (05f.1), run
-on 2 real gloo processes started with :func:`mgpu_helpers.launching.launch`.
+on 3 real gloo processes started with :func:`mgpu_helpers.launching.launch` (3, so that code that holds
+only on 2 ranks fails).
 
 05f.1 calls the student's ``dispatch_combine(x, idx, gate, local_experts, rank, world_size)`` on each
-rank with cases drawn at grading time: a different number of tokens per rank, 4 or 6 experts split
+rank with cases drawn at grading time: a different number of tokens per rank, 6 or 9 experts split
 evenly over the ranks, top-1 then top-2 routing from a float64 router. The outputs and the gradients of
 the tokens, of the router and of the rank's experts (after a backward of a loss with random weights)
 must equal the unsplit layer computed here in one process. ``torch.distributed`` is wrapped in the ranks
@@ -198,11 +199,11 @@ def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
     "token's k results weighted by its gates.",
 )
 def grade_dispatch_combine(fn: Any) -> str:
-    """2 gloo ranks, top-1 and top-2 routing drawn at grading time: values, gradients, communication."""
+    """3 gloo ranks, top-1 and top-2 routing drawn at grading time: values, gradients, communication."""
     if not callable(fn):
         raise Wrong(f"pass the function itself, not {type(fn).__name__}")
     seed = 1000 + secrets.randbelow(10**6)
-    ranks = run_ranks(_rank, 2, fn, seed)
+    ranks = run_ranks(_rank, 3, fn, seed)
     n = len(ranks)
     case = _case(seed, n)
     for i in range(2):
