@@ -124,6 +124,7 @@ def test_a_widget_without_its_static_picture_stops_the_build():
     with pytest.raises(SystemExit, match="a widget without a static picture"):
         bs.notebook_page(nb, [], json.loads(json.dumps(data)))
     data["cells"][1]["outputs"][0]["data"]["image/png"] = "iVBORw0KGgo="
+    data["cells"][1]["metadata"] = {"mystnb": {"image": {"alt": "Three sliders and a plot."}}}
     page = bs.notebook_page(nb, [], data)
     assert page["cells"][1]["metadata"]["tags"] == [bs.WIDGET_TAG]
     assert nb.badges() not in page["cells"][0]["source"] and nb.colab_url in page["cells"][0]["source"]
@@ -234,6 +235,23 @@ def _ids(path: pathlib.Path) -> set[str]:
 
 
 @needs_site_tools
+def test_a_figure_without_alt_text_stops_the_build_and_its_alt_text_reaches_the_page():
+    bs = _build_site_module()
+    nb = NOTEBOOKS[0]
+    figure = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo="}, "metadata": {}}
+    data = {
+        "metadata": {"mgpu_run": {"hardware": "CPU", "torch": "2", "date": "2027"}},
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": f"# 00\n\n{nb.badges()}\n"},
+            {"cell_type": "code", "metadata": {}, "source": "plt.plot()", "outputs": [figure]},
+        ],
+    }
+    with pytest.raises(SystemExit, match="cell 1: a figure without alt text"):
+        bs.notebook_page(nb, [], json.loads(json.dumps(data)))
+    data["cells"][1]["metadata"] = {"mystnb": {"image": {"alt": "A line chart."}}}
+    assert bs.figure_alt(bs.notebook_page(nb, [], data)["cells"][1]) == "A line chart."
+
+
 def test_the_site_has_a_page_and_a_slide_deck_per_notebook(site):
     for nb in NOTEBOOKS:
         stem = nb.file.removesuffix(".ipynb")
@@ -242,6 +260,8 @@ def test_the_site_has_a_page_and_a_slide_deck_per_notebook(site):
         assert "[interactive widget" not in page, (
             f"{stem}: a widget's text stand-in is shown, not its picture"
         )
+        for alt in re.findall(r'<img alt="([^"]*)"', page):  # MyST-NB's default alt is the file name
+            assert len(alt) > 30 and not alt.endswith((".png", ".svg", ".jpg")), f"{stem}: <img alt={alt!r}>"
         deck = (site / "slides" / f"{stem}.slides.html").read_text()  # nbconvert --to slides
         assert deck.count("<section") >= 4 and "reveal" in deck.lower(), f"{stem}: its slide deck"
         assert f"{nb.number} · " in deck, f"{stem}: its slide deck lacks the notebook's title"

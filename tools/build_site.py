@@ -49,6 +49,10 @@ STATIC_COPIES = ("image/png", "image/svg+xml", "text/html")
 #: Cell tag the build gives every cell that displays a widget (MyST-NB turns it into the CSS class
 #: ``tag_widget-static``; the browser test finds the static pictures by it).
 WIDGET_TAG = "widget-static"
+#: Outputs that are pictures: each needs alt text (:func:`figure_alt`) for readers who cannot see it.
+FIGURES = ("image/png", "image/svg+xml", "image/jpeg")
+#: The cell metadata key MyST-NB reads its per-cell options from (``image`` -> ``alt`` among them).
+ALT_KEY = "mystnb"
 #: A badge of the course map (an image from Colab's or Kaggle's site): the site draws its own buttons.
 BADGE = re.compile(r"\[!\[Open In (Colab|Kaggle)\]\([^)]*\)\]\(([^)]+)\)")
 #: The table of contents: one caption per chapter (a notebook's number without its letter).
@@ -212,6 +216,12 @@ def header(nb: Notebook, meta: dict, runs: list[GpuRun]) -> str:
     )
 
 
+def figure_alt(cell: dict) -> str:
+    """The alt text of the figures a cell draws: its metadata ``mystnb.image.alt``, which MyST-NB puts on
+    the page's ``<img>`` ("" where there is none)."""
+    return str(cell.get("metadata", {}).get(ALT_KEY, {}).get("image", {}).get("alt", "")).strip()
+
+
 def notebook_page(nb: Notebook, runs: list[GpuRun], data: dict | None = None) -> dict:
     """The notebook (``data``, else its committed file) as the site shows it: its badge line replaced by
     the header, badges in printed Markdown drawn as buttons, each widget replaced by its static copy (the
@@ -227,6 +237,12 @@ def notebook_page(nb: Notebook, runs: list[GpuRun], data: dict | None = None) ->
     first["source"] = source.replace(nb.badges(), header(nb, data["metadata"], runs))
     for i, cell in enumerate(data["cells"]):
         outputs = cell.get("outputs", [])
+        if any(kind in out.get("data", {}) for out in outputs for kind in FIGURES) and not figure_alt(cell):
+            raise SystemExit(
+                f"{nb.file}, cell {i}: a figure without alt text. Add one or two sentences saying what it "
+                f'shows as the cell\'s metadata {{"{ALT_KEY}": {{"image": {{"alt": "..."}}}}}} '
+                "(JupyterLab: the property inspector's cell metadata); the site's <img> reads it"
+            )
         for out in outputs:  # Markdown printed by a cell (00's course map): the site's buttons, not badges
             if "text/markdown" in out.get("data", {}):
                 md = "".join(out["data"]["text/markdown"])
