@@ -278,7 +278,7 @@ def grade_dispatch_combine(fn: Any) -> str:
                 "layer's: each token's results must be weighted by the gates passed in."
             )
     return (
-        "outputs and gradients equal the unsplit layer for top-1 and top-2 routing on 2 ranks; tokens "
+        f"outputs and gradients equal the unsplit layer for top-1 and top-2 routing on {n} ranks; tokens "
         "sent there and back with all_to_all_single and the routing's split sizes"
     )
 
