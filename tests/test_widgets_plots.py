@@ -8,7 +8,14 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from mgpu_helpers.memory import MemoryTracker, MemoryWidget, plot_device_bars, plot_memory_timeline
+from mgpu_helpers.memory import (
+    CATEGORIES,
+    CATEGORY_LABELS,
+    MemoryTracker,
+    MemoryWidget,
+    plot_device_bars,
+    plot_memory_timeline,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +56,8 @@ def test_timeline_plot_stacks_four_categories(tracked):
     ax = plot_memory_timeline(tracked.timeline, tracked.marks)
     assert len(ax.collections) == 4
     assert [t.get_text() for t in ax.texts] == ["step 0", "step 1", "step 2"]
+    shown = [c for c in CATEGORIES if any(s.bytes.get(c, 0) for s in tracked.timeline)]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [CATEGORY_LABELS[c] for c in shown]
     top = ax.collections[-1].get_paths()[0].vertices[:, 1].max()  # the stack's upper edge: the total
     assert top == pytest.approx(max(s.total for s in tracked.timeline) / 2**20)
     plt.close("all")
@@ -61,6 +70,8 @@ def test_device_bars_have_one_bar_per_device_and_category():
     assert len(ax.patches) == 2 * 4
     assert [round(p.get_y() + p.get_height()) for p in ax.patches[-2:]] == [40, 10]  # stacked totals
     assert any(t.get_text() == "simulated" for t in ax.texts)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]  # only what the bars show
+    assert legend == [CATEGORY_LABELS["parameters"], CATEGORY_LABELS["other"]]
     plt.close("all")
 
 

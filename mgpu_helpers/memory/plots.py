@@ -99,7 +99,7 @@ def plot_memory_timeline(
     ax.stackplot(
         x,
         *ys,
-        labels=[CATEGORY_LABELS[c] for c in CATEGORIES],
+        labels=[_legend_label(c, y) for c, y in zip(CATEGORIES, ys, strict=True)],
         colors=[CATEGORY_COLORS[c] for c in CATEGORIES],
         step="post",
         alpha=0.85,
@@ -120,9 +120,20 @@ def plot_memory_timeline(
     ax.set_xlabel("allocation / free event")
     ax.set_ylabel(f"live tensor memory ({unit})")
     ax.set_title(title or "Memory by category over time")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _legend(ax)
     ax.margins(x=0)
     return ax
+
+
+def _legend_label(category: str, values: Any) -> str:
+    """The legend entry of a category, or matplotlib's "no entry" where the plot never shows it."""
+    return CATEGORY_LABELS[category] if any(values) else "_nolegend_"
+
+
+def _legend(ax: Any) -> None:
+    """The categories the plot shows, beside it (none where every value is zero)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
 def _check_per_device(per_device: Any) -> None:
@@ -178,11 +189,11 @@ def plot_device_bars(
     bottom = [0.0] * len(devices)
     for cat in CATEGORIES:
         vals = [row.get(cat, 0) / scale for row in rows]
-        ax.bar(devices, vals, bottom=bottom, color=CATEGORY_COLORS[cat], label=CATEGORY_LABELS[cat])
+        ax.bar(devices, vals, bottom=bottom, color=CATEGORY_COLORS[cat], label=_legend_label(cat, vals))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_ylabel(f"memory ({unit})")
     ax.set_title(title or "Memory per device", pad=16 if note else 6)
     if note:
         ax.text(0.5, 1.01, note, transform=ax.transAxes, ha="center", va="bottom", fontsize=8, style="italic")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _legend(ax)
     return ax
