@@ -26,15 +26,18 @@ from importlib import metadata
 
 from .hardware.probes import P2P_FIX, GPUFacts, nccl_smoke, probe_gpus
 from .hardware.sources import _cuda_usable
+from .stacks import describe as describe_stack
+from .stacks import installed_versions
 
 __all__ = ["Facts", "Finding", "GPUFacts", "doctor", "findings", "gather_facts", "platform_name"]
 
-#: The torch releases the course supports, (major, minor) inclusive: Colab's (2.11) to the newest
-#: release (2.15); CI tests :data:`TORCH_TESTED` (.ci/run). README's "Supported torch versions" says the
+#: The torch releases the course supports, (major, minor) inclusive: Kaggle's (2.10) to the newest
+#: release (2.15); CI tests :data:`TORCH_TESTED` (.ci/run) and Colab's 2.11 (``nox -s colab``); the
+#: Kaggle and newest stacks (noxfile.py) test both ends. README's "Supported torch versions" says the
 #: same (tests/test_doctor.py checks). Inside the range, differences between releases are
 #: feature-detected where they are used (e.g. ``troubleshoot.unmatched_collective``), never read from a
 #: version string.
-TORCH_SUPPORTED = ((2, 11), (2, 15))
+TORCH_SUPPORTED = ((2, 10), (2, 15))
 TORCH_TESTED = "2.13"
 
 #: Packages the doctor reports, with the notebooks that need them (none = every notebook).
@@ -66,6 +69,8 @@ class Facts:
     cuda_initialised: bool = False
     packages: dict[str, str | None] = field(default_factory=dict)
     probe_error: str | None = None
+    #: versions of :data:`mgpu_helpers.stacks.KEY_PACKAGES`, compared with Colab's or Kaggle's stack
+    versions: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ def gather_facts(nccl_timeout_s: float = 60.0) -> Facts:
         cuda_initialised=bool(torch is not None and torch.cuda.is_initialized()),
         packages=packages,
         probe_error=error,
+        versions=installed_versions(),
     )
 
 
@@ -282,6 +288,9 @@ def _torch_finding(version: str) -> Finding:
 def findings(f: Facts) -> list[Finding]:
     """What the course will do on the machine ``f`` describes, one :class:`Finding` per fact."""
     rows = [Finding("platform", "ok", f.platform, _PLATFORM_ACTION.get(f.platform, ""))]
+    stack = describe_stack(f.platform, f.versions, f.python) if f.versions else None
+    if stack:
+        rows.append(Finding("stack", *stack))
     py = f"Python {f.python[0]}.{f.python[1]}"
     if f.python < (3, 10):
         rows.append(Finding("Python", "warn", py, "the course needs Python 3.10 or newer"))

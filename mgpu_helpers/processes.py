@@ -141,7 +141,8 @@ def listening_addresses(root: int | None = None) -> list[tuple[str, int, str]]:
         return []
     for p in [me, *descendants(root)]:
         try:
-            conns = p.net_connections(kind="inet")
+            # psutil 6.0 renamed connections() to net_connections(); Colab and Kaggle ship 5.9.5.
+            conns = (p.net_connections if hasattr(p, "net_connections") else p.connections)(kind="inet")
             name = p.name()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

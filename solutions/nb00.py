@@ -41,6 +41,12 @@ def pick_device_from_the_course_helper():
     return recommended_device()
 
 
+def pick_device_with_the_builds_accelerator():
+    """Right on a CPU build of torch only: without check_available=True, a CUDA build (Colab's, also on
+    its CPU runtime; Kaggle's) names cuda with no GPU there."""
+    return torch.accelerator.current_accelerator() or torch.device("cpu")
+
+
 def machine_report_from_the_course_helper(nprocs):
     """torch.cuda for the GPU count, but the backend from mgpu_helpers' choose_backend."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -53,9 +59,13 @@ def machine_report_counting_the_machine(nprocs):
     return {"cpus": os.cpu_count(), "gpus": gpus, "backend": "nccl" if gpus >= nprocs else "gloo"}
 
 
-#: Work that gets the right answers without doing the exercise; each grader must reject it.
+#: Work that gets the right answers without doing the exercise, or only on some builds of torch; each
+#: grader must reject it.
 SHORTCUTS = {
-    "00.1": {"recommended_device": (pick_device_from_the_course_helper,)},
+    "00.1": {
+        "recommended_device": (pick_device_from_the_course_helper,),
+        "accelerator_of_the_build": (pick_device_with_the_builds_accelerator,),
+    },
     "00.2": {
         "choose_backend": (machine_report_from_the_course_helper,),
         "os_cpu_count": (machine_report_counting_the_machine,),
@@ -78,8 +88,9 @@ def machine_report_by_pid(nprocs):
 
 #: Other correct work; each grader must accept it.
 def pick_device_with_torch_accelerator():
-    """Correct too: the device-generic API (torch >= 2.6), None where there is no accelerator."""
-    return torch.accelerator.current_accelerator() or torch.device("cpu")
+    """Correct too: the device-generic API, None where no accelerator is available."""
+    return torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")
+
 
 
 VARIANTS = {

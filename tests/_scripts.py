@@ -20,7 +20,9 @@ import psutil
 
 from mgpu_helpers.processes import is_loopback, listening_addresses
 
-HANG_DEADLINE_S = 60
+#: Only catches hangs: generous, since on a loaded 2-core machine a CUDA build of torch (the Colab stack's)
+#: takes over 10 s to import, and a job's process tree imports it several times before it is complete.
+HANG_DEADLINE_S = 180
 
 #: Node 1 (GROUP_RANK 1) fails at once; every other node sleeps, so it must be stopped.
 FAILING_NODE = """

@@ -108,14 +108,15 @@ def test_python_314_forkserver_and_a_kernel_with_cuda_initialised():
 @pytest.mark.parametrize(
     ("version", "status", "expected"),
     [
-        ("2.11.0+cu126", "ok", "supported (2.11 – 2.15; CI tests 2.13)"),  # Colab's
+        ("2.10.0+cu128", "ok", "supported (2.10 – 2.15; CI tests 2.13)"),  # Kaggle's
+        ("2.11.0+cu128", "ok", "supported"),  # Colab's
         ("2.13.0+cpu", "ok", "supported"),  # CI's
         ("2.15.0", "ok", "supported"),  # the newest release
-        ("2.10.0", "warn", 'pip install -U "torch>=2.11"'),
+        ("2.9.1", "warn", 'pip install -U "torch>=2.10"'),
         ("1.13.1", "warn", "upgrade"),
         ("2.16.0.dev20260301+cpu", "warn", "report it with this torch version"),
         ("3.0.0", "warn", 'or install "torch==2.15.*"'),
-        ("unknown", "warn", "the course supports torch 2.11 – 2.15"),
+        ("unknown", "warn", "the course supports torch 2.10 – 2.15"),
     ],
 )
 def test_torch_outside_the_supported_releases_is_a_warning(version, status, expected):

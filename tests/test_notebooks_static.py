@@ -312,3 +312,39 @@ def test_the_notebook_records_where_its_outputs_came_from(path):
     assert run, "no metadata.mgpu_run: re-run the notebook with python tools/run_notebooks.py"
     assert set(run) >= {"hardware", "torch", "python", "date"} and all(run.values()), run
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", run["date"]), run["date"]
+
+
+#: ``name = !command``: IPython 7.34 (Colab's and Kaggle's) on Python >= 3.12 rejects it with "invalid
+#: syntax" (its assignment transformer predates 3.12's tokenizer). ``mgpu_helpers.shell.shell`` replaces it.
+_ASSIGN_FROM_SHELL = re.compile(r"^\s*[\w.\[\], ]+=\s*!", re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_syntax_that_ipython_7_34_rejects(path):
+    """Every code cell passes this IPython's own cell transformer and compiles, and none assigns from
+    ``!``. Under the Colab stack (``nox -s colab``: IPython 7.34 on Python 3.13) the first part is the real
+    parser the students have; the pattern keeps CI's newer IPython from letting the old failure back in."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    manager = TransformerManager()
+    for i, cell in enumerate(_load(path)["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        src = _src(cell)
+        assert src.startswith("%%") or not _ASSIGN_FROM_SHELL.search(src), (  # a %% cell's body is not Python
+            f"cell {i}: `x = !command` is a SyntaxError under IPython 7.34 on Python >= 3.12 (Colab, "
+            "Kaggle): use `x = shell(f'command')` from mgpu_helpers.shell"
+        )
+        try:
+            compile(manager.transform_cell(src), f"{path.name} cell {i}", "exec")
+        except SyntaxError as exc:
+            import IPython
+
+            pytest.fail(f"cell {i} is not valid under IPython {IPython.__version__}: {exc}")
+
+
+def test_the_ipython_7_34_rule_catches_what_ipython_7_34_rejects():
+    for bad in ("output = !ls", "a = 1\nlines = !echo {x}", "self.out = !date"):
+        assert _ASSIGN_FROM_SHELL.search(bad), bad
+    for fine in ("!ls", "x = %time 1 + 1", "if a != b:\n    pass", "ok = f(a) != b", "x = shell('ls')"):
+        assert not _ASSIGN_FROM_SHELL.search(fine), fine

@@ -4,6 +4,7 @@ reproduction and batch-size search run under nbval.)"""
 
 import math
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -149,7 +150,10 @@ def test_capped_child_returns_values_and_reports_its_budget():
 def test_capped_child_refuses_functions_a_child_cannot_import():
     for fn in (lambda x: x, defined_in_a_function()):
         err = raised(lambda fn=fn: run_with_memory_limit(fn, 1, limit_bytes=MiB))
-        assert isinstance(err, ValueError) and "Can't pickle" in str(err) and "module level" in str(err)
+        # the pickling error's own text is CPython's, and changes between releases: not asserted
+        assert isinstance(err, ValueError) and "cannot be sent to a child" in str(err)
+        assert "module level" in str(err)
+        assert isinstance(err.__cause__, AttributeError | pickle.PicklingError)
         assert diagnose(err).kind == "unpicklable_target"
     main = sys.modules["__main__"]
 

@@ -35,6 +35,15 @@ def _missing() -> str | None:
         return "no Chromium at /usr/bin/chromium (apt-get install -y chromium)"
     if importlib.util.find_spec("jupyterlab") is None:
         return "JupyterLab is not installed (pip install jupyterlab)"
+    from importlib.metadata import version
+
+    widgets, lab = version("ipywidgets"), version("jupyterlab")
+    if int(widgets.split(".")[0]) < 8 and int(lab.split(".")[0]) >= 4:
+        return (
+            f"ipywidgets {widgets} does not render in JupyterLab {lab} (JupyterLab 4 needs ipywidgets 8); "
+            "no platform ships that pair: Colab serves ipywidgets 7.7.1 in its own front end, Kaggle "
+            "ipywidgets 8.1.5 in JupyterLab 4"
+        )
     return None
 
 

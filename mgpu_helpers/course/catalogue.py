@@ -28,7 +28,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "torchrun with gloo on 127.0.0.1; memory tracked on CPU",
         "same launch on gloo with GPUs hidden (NCCL needs a GPU per rank); tracker on cuda:0",
         "NCCL on one node with 2+ GPUs, on two simulated nodes with 4+ GPUs, else gloo; tracker on cuda:0",
-        helpers=("data", "exercises", "figures", "hardware", "launching", "memory", "models"),
+        helpers=("data", "exercises", "figures", "hardware", "launching", "memory", "models", "shell"),
     ),
     Notebook(
         "01b",
@@ -151,7 +151,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "torchrun with 2 gloo processes",
         "same (NCCL needs a GPU per rank)",
         "one NCCL process per GPU",
-        helpers=("ddp", "exercises", "hardware", "labels"),
+        helpers=("ddp", "exercises", "hardware", "labels", "shell"),
     ),
     Notebook(
         "04e",

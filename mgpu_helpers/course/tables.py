@@ -11,13 +11,16 @@ from .catalogue import NOTEBOOKS
 MODULES: dict[str, str] = {
     "course": "the course map (its catalogue of notebooks, their install cells) and this module table",
     "doctor": "the environment doctor: platform, Python, torch/CUDA builds, GPUs, bf16, peer access, an NCCL "
-    "smoke test, start method, widget versions — and what the course does about each",
+    "smoke test, start method, widget versions, the published stack it matches — and what the course does "
+    "about each",
     "labels": '"measured / simulated / estimated" labels for every printed number',
     "exercises": "`grade(id, work)`: runs a graded exercise's grader, prints ⏳ / ✅ / ❌ with a hint",
     "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
     "`solutions/`)",
     "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "
     "backend rule, `choose_backend`; datasheet peak FLOP/s per GPU for MFU, `peak_flops`",
+    "stacks": "the students' package stacks (Colab's, Kaggle's, the newest) as pip constraint files, "
+    "compared with this machine by the doctor and built by `noxfile.py`",
     "processes": "free ports, loopback-only checks, stopping a process tree, children that die with "
     "their parent",
     "figures": "static figures for saved notebooks (`figure_to_png`), shared colours, node and rank diagrams",
@@ -32,6 +35,8 @@ MODULES: dict[str, str] = {
     "with its full-tensor bytes), and ring traffic per rank",
     "pipeline": "pipeline schedules (simulator), stages as real processes, measured timelines",
     "data_parallel": "nn.DataParallel rebuilt over virtual devices, DataLoader sweeps",
+    "shell": "`shell(command)`: a shell command's output lines, as `x = !command` gives them, on every "
+    "IPython",
     "ddp": "`!torchrun` cells on loopback, capturing DDP's C++ warnings, c10d torchrun jobs",
     "precision": "number formats, step timing side by side, per-process state bytes",
     "tuning": "Ray Tune on loopback, a local Ray cluster, trainables, equal-budget studies "

@@ -56,11 +56,16 @@ def _pretend_gpus(count: int, where: str) -> Iterator[None]:
             (_sources, "_cuda_usable", helper_asked),
         ):
             stack.enter_context(mock.patch.object(owner, name, value))
-        # torch >= 2.6: the device-generic API must say the same
+        # The device-generic API must say the same, as on a CUDA build of torch (Colab's, also on its CPU
+        # runtime): without check_available=True it names the build's accelerator, GPU or not.
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None and hasattr(accelerator, "current_accelerator"):
             gpu = torch.device("cuda") if count > 0 else None
-            stack.enter_context(mock.patch.object(accelerator, "current_accelerator", lambda *a, **k: gpu))
+
+            def current_accelerator(check_available: bool = False) -> torch.device | None:
+                return gpu if check_available else torch.device("cuda")
+
+            stack.enter_context(mock.patch.object(accelerator, "current_accelerator", current_accelerator))
             stack.enter_context(mock.patch.object(accelerator, "is_available", lambda: count > 0))
             stack.enter_context(mock.patch.object(accelerator, "device_count", lambda: count))
         yield
@@ -88,7 +93,10 @@ def _device_ok(got: Any, gpus: int, where: str) -> None:
     if not isinstance(got, torch.device):
         raise Wrong(f"on {where} it returned {got!r} (a {type(got).__name__}), not a torch.device.")
     if gpus == 0 and got.type != "cpu":
-        raise Wrong(f"on {where} (no usable CUDA GPU) it returned {got}, which that machine cannot use.")
+        raise Wrong(
+            f"on {where} (no usable CUDA GPU; torch is a CUDA build, as on Colab) it returned {got}, which "
+            "that machine cannot use: ask whether CUDA is *available*, not whether torch was built with it."
+        )
     if gpus > 0 and got.type != "cuda":
         raise Wrong(f"on {where} ({gpus} CUDA GPU(s)) it returned {got}: the GPU was left unused.")
     if gpus > 0 and got.index not in (None, 0):

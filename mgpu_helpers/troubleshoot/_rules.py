@@ -151,7 +151,7 @@ _RULES: tuple[_Rule, ...] = (
         "unpicklable_target",
         (
             r"Can't get attribute '[^']+' on <module",
-            r"Can't pickle local object",
+            r"Can't (pickle|get) local object",  # 3.13 says "get" (exceptions are told by type too)
             r"Can't pickle <function <lambda>",
             r"attribute lookup \S+ on __main__ failed",
             r"cannot pickle '[^']+' object",

@@ -9,6 +9,7 @@ a distributed timeout or mismatched collectives, an unpicklable spawn target, CU
 
 from __future__ import annotations
 
+import pickle
 import re
 from dataclasses import dataclass, field
 
@@ -100,6 +101,25 @@ def _line_of(text: str, pos: int) -> str:
     return text[start : end if end >= 0 else len(text)].strip()[:240]
 
 
+def _pickling_failed(error: BaseException | str) -> bool:
+    """Did pickling fail in ``error``'s chain? Told by type, not by CPython's wording, which changes
+    between releases (3.13 says "Can't get local object" where 3.12 said "Can't pickle local object"):
+    a ``PicklingError`` / ``UnpicklingError``, or an ``AttributeError`` about a name that only exists
+    where it was defined: a qualified name with ``<locals>`` or ``<lambda>`` (PEP 3155), or a lookup on
+    ``__main__``'s module object."""
+    exc = error if isinstance(error, BaseException) else None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, pickle.PicklingError | pickle.UnpicklingError):
+            return True
+        local_name = r"\.<locals>\.|<lambda>|<module '__main__'"
+        if isinstance(exc, AttributeError) and re.search(local_name, str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def diagnose(error: BaseException | str) -> Diagnosis:
     """Name the kind of ``error`` and suggest next steps.
 
@@ -119,6 +139,8 @@ def diagnose(error: BaseException | str) -> Diagnosis:
     text, types = _error_text(error)
     if any(issubclass(t, torch.OutOfMemoryError | MemoryError) for t in types):
         rule, evidence = next(r for r in _RULES if r.kind == "out_of_memory"), _first_line(text)
+    elif _pickling_failed(error):
+        rule, evidence = next(r for r in _RULES if r.kind == "unpicklable_target"), _first_line(text)
     else:
         rule, evidence = _UNKNOWN, ""
         for candidate in _RULES:

@@ -1,0 +1,111 @@
+"""The course's test suite on the students' own package stacks: ``nox -s colab`` (or ``kaggle``, ``newest``).
+
+Each session builds a virtual environment with the stack's Python (from pyenv, where the machine has it)
+and installs the course's test extra under the stack's constraint file in ``mgpu_helpers/stacks/``:
+every version the platform publishes (IPython 7.34, psutil 5.9.5, ipywidgets 7.7.1 and torch 2.11 on
+Colab, ...), so what Colab's students would get is what the tests run on. Then it runs README's test
+command there; arguments after ``--`` replace pytest's (``nox -s colab -- tests/test_launch.py``), and
+``-- --ci`` runs :data:`CI_TESTS`, the part that ``.ci/run`` runs on Colab's stack.
+
+On Linux, PyPI's torch for these Pythons is the CUDA build (about 3.5 GB with its NVIDIA libraries); it
+runs on the CPU, as Colab's build would without a GPU. The environments live outside the repository,
+in ``$MGPU_STACKS_DIR`` (default ``~/.cache/mgpu-course/stacks``), and are reused: a second run
+installs nothing new.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+STACKS = ROOT / "mgpu_helpers" / "stacks"
+README_PYTEST = ["-n", "3", "--dist", "loadfile", "notebooks", "tests", "--nbval-lax", "--nbval-current-env"]
+#: ``nox -s colab -- --ci`` (what .ci/run runs): every notebook, and the tests of what a stack changes —
+#: launching and ports (psutil), processes, troubleshooting (pickling messages), the doctor and stacks,
+#: widgets, the notebooks' syntax and install cell, the graders' variants and shortcuts (torch's build).
+CI_TESTS = [
+    "notebooks",
+    "tests/test_launch.py",
+    "tests/test_launch_c10d.py",
+    "tests/test_launcher.py",
+    "tests/test_processes.py",
+    "tests/test_troubleshoot_diagnose.py",
+    "tests/test_troubleshoot_fences.py",
+    "tests/test_doctor.py",
+    "tests/test_stacks.py",
+    "tests/test_widgets_plots.py",
+    "tests/test_notebooks_static.py",
+    "tests/test_kernel_start_up.py",
+    "tests/test_grader_variants.py",
+    "tests/test_shortcuts.py",
+]
+CI_PYTEST = ["-n", "3", "--dist", "loadfile", *CI_TESTS, "--nbval-lax", "--nbval-current-env"]
+
+nox.options.default_venv_backend = "uv"
+nox.options.envdir = os.environ.get("MGPU_STACKS_DIR", str(Path.home() / ".cache" / "mgpu-course" / "stacks"))
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["colab"]
+#: pip in every environment, as on Colab and Kaggle (the wheel-install test and %pip use it)
+SEED = ["--seed"]
+
+
+def stack_header(name: str) -> dict[str, str]:
+    """The ``# key: value`` lines at the top of ``mgpu_helpers/stacks/<name>.txt``."""
+    out = {}
+    for line in (STACKS / f"{name}.txt").read_text().splitlines():
+        if not line.startswith("# "):
+            break
+        key, _, value = line[2:].partition(": ")
+        out.setdefault(key, value)
+    return out
+
+
+def interpreter(version: str) -> str:
+    """A Python ``version`` that runs: ``pythonX.Y`` on PATH, else pyenv's newest ``X.Y.*``, else the bare
+    version (nox then says it found none)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found  # a pyenv shim of a version that is not active fails this call
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found_here = [p for p in root.glob(f"{version}.*/bin/python{version}") if p.parts[-3].count(".") == 2]
+    newest = max(
+        found_here, key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()], default=None
+    )
+    return str(newest) if newest else version
+
+
+def run_stack(session: nox.Session, name: str) -> None:
+    header = stack_header(name)
+    session.log(
+        f"stack {name}: Python {header['python']}, torch {header['torch']} — {header.get('source', '')}"
+    )
+    session.install("-c", str(STACKS / f"{name}.txt"), "-e", f"{ROOT}[test]")
+    session.run("python", "-m", "mgpu_helpers.stacks", name)  # the versions installed, against the stack
+    session.run("ruff", "check", str(ROOT))
+    # ipykernel 6.17's debugger warns about Python 3.13's frozen modules in every kernel's stderr
+    session.env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    args = CI_PYTEST if session.posargs == ["--ci"] else (session.posargs or README_PYTEST)
+    session.run("python", "-m", "pytest", *args)
+
+
+@nox.session(name="colab", python=interpreter(stack_header("colab")["python"]), venv_params=SEED)
+def colab(session: nox.Session) -> None:
+    """Colab's GPU runtime as published (Python 3.13, torch 2.11, IPython 7.34, ipywidgets 7.7.1)."""
+    run_stack(session, "colab")
+
+
+@nox.session(name="kaggle", python=interpreter(stack_header("kaggle")["python"]), venv_params=SEED)
+def kaggle(session: nox.Session) -> None:
+    """Kaggle's GPU image (Colab's runtime of 2026-05-14 plus Kaggle's pins: Python 3.12, torch 2.10)."""
+    run_stack(session, "kaggle")
+
+
+@nox.session(name="newest", python=interpreter(stack_header("newest")["python"]), venv_params=SEED)
+def newest(session: nox.Session) -> None:
+    """The newest release of everything on Python 3.11, torch 2.15."""
+    run_stack(session, "newest")
