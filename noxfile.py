@@ -38,6 +38,7 @@ CI_TESTS = [
     "tests/test_processes.py",
     "tests/test_troubleshoot_diagnose.py",
     "tests/test_grader_variants.py",
+    "tests/test_shell.py",
 ]
 CI_PYTEST = ["-n", "3", "--dist", "loadfile", *CI_TESTS, "--nbval-lax", "--nbval-current-env"]
 
