@@ -144,7 +144,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def state_bytes(n_params: int, layout: Layout, work: Workload = Workload()) -> MemoryPrediction:
+_DEFAULT_WORK = Workload()  # frozen, so one instance can be every call's default
+
+
+def state_bytes(n_params: int, layout: Layout, work: Workload = _DEFAULT_WORK) -> MemoryPrediction:
     """Weights, gradients and optimizer state on one GPU: :func:`predict_memory` of the Ψ/(t·p)
     parameters one TP×PP shard holds, ZeRO-sharded over the ``layout.dp·layout.cp`` ranks that hold it."""
     shard = max(1, round(whole("n_params", n_params, 1, "8 * 10**9") / (layout.tp * layout.pp)))
