@@ -83,6 +83,11 @@ def run_stack(session: nox.Session, name: str) -> None:
     # the course itself always anew: a kept environment may hold another clone's editable install
     constraints = str(STACKS / f"{name}.txt")
     session.install("-c", constraints, "--reinstall-package", "mgpu-course", "-e", f"{ROOT}[test]")
+    # uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set (as on these CI machines) no import
+    # writes it either: every process would compile torch's Python anew (import torch 4-9 s instead of
+    # 2.4 s; the notebooks ran 3x slower than under pip's install). Once per environment (~40 s), then ~3 s.
+    venv = session.virtualenv.location
+    session.run("python", "-W", "ignore", "-m", "compileall", "-q", "-j0", venv, silent=True)
     session.run("python", "-m", "mgpu_helpers.stacks", name)  # the versions installed, against the stack
     session.run("ruff", "check", str(ROOT))
     # ipykernel 6.17's debugger warns about Python 3.13's frozen modules in every kernel's stderr
