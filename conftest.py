@@ -26,9 +26,8 @@ def pytest_configure(config):
         config.option.loadscopereorder = False  # (also over an explicit --loadscope-reorder)
 
 
-#: Puts a process in a GPU machine's state (beside this file in the wheel-install test's copy).
-_PLACES = (Path(__file__).parent / "tests", Path(__file__).parent)
-GPU_CONDITIONS = next(p / "_gpu_conditions.py" for p in _PLACES if (p / "_gpu_conditions.py").exists())
+#: Puts a process in a GPU machine's state.
+GPU_CONDITIONS = Path(__file__).parent / "tests" / "_gpu_conditions.py"
 #: Sent to every notebook kernel before its first cell; it leaves no name in the notebook's namespace.
 KERNEL_GPU_CONDITIONS = f"__import__('runpy').run_path({str(GPU_CONDITIONS)!r})['start_autograd_thread']()"
 
@@ -151,7 +150,6 @@ _LONG_FILES = (
     "tests/test_shortcuts.py",
     "tests/test_launcher.py",
     "tests/test_launch.py",
-    "tests/test_wheel_install.py",
     "tests/test_site.py",
     "notebooks/04b_ddp_in_practice.ipynb",
     "notebooks/04d_fault_tolerance.ipynb",
@@ -177,19 +175,8 @@ def _rank(item: pytest.Item) -> int:
 @pytest.hookimpl(trylast=True)  # after -k, -m and --deselect: see only the items that will run
 def pytest_collection_modifyitems(session, config, items):
     """Move the long files to the front, longest first (a stable sort: every other item keeps its
-    order; ``pytest_configure`` turns off xdist's reordering by test count, which put the one-test
-    wheel-install file last), and leave
-    out the notebooks that the wheel-install test runs under nbval itself when that test is collected:
-    its fresh venv runs the same cells with the same flags from the installed wheel, what a student's
-    runtime has (its docstring says why); a second run here would only cost CI a minute."""
+    order; ``pytest_configure`` turns off xdist's reordering by test count)."""
     items.sort(key=_rank)
-    wheel_test = next((i for i in items if i.nodeid.startswith("tests/test_wheel_install.py")), None)
-    if wheel_test is not None:
-        in_wheel = {f"notebooks/{name}" for name in wheel_test.module.NOTEBOOKS}
-        deselected = [i for i in items if i.nodeid.split("::")[0] in in_wheel]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = [i for i in items if i not in deselected]
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,11 +1,12 @@
 """The course's test suite on the students' own package stacks: ``nox -s colab`` (or ``kaggle``, ``newest``).
 
 Each session builds a virtual environment with the stack's Python (from pyenv, where the machine has it)
-and installs the course's test extra under the stack's constraint file in ``mgpu_helpers/stacks/``:
-every version the platform publishes (IPython 7.34, psutil 5.9.5, ipywidgets 7.7.1 and torch 2.11 on
-Colab, ...), so what Colab's students would get is what the tests run on. Then it runs README's test
-command there; arguments after ``--`` replace pytest's (``nox -s colab -- tests/test_launch.py``), and
-``-- --ci`` runs :data:`CI_TESTS`, the part that ``.ci/run`` runs on Colab's stack.
+and installs the course, built as a wheel, with its test extra under the stack's constraint file in
+``mgpu_helpers/stacks/``: every version the platform publishes (IPython 7.34, psutil 5.9.5, ipywidgets
+7.7.1 and torch 2.11 on Colab, ...), so what Colab's students would get is what the tests run on, and
+every notebook imports the installed wheel, not this tree. Then it runs README's test command there;
+arguments after ``--`` replace pytest's (``nox -s colab -- tests/test_launch.py``), and ``-- --ci`` runs
+:data:`CI_TESTS`, the part that ``.ci/run`` runs on Colab's stack.
 
 On Linux, PyPI's torch for these Pythons is the CUDA build (about 3.5 GB with its NVIDIA libraries); it
 runs on the CPU, as Colab's build would without a GPU. The environments live outside the repository,
@@ -42,11 +43,22 @@ CI_TESTS = [
 ]
 CI_PYTEST = ["-n", "3", "--dist", "loadfile", *CI_TESTS, "--nbval-lax", "--nbval-current-env"]
 
+#: Run in notebooks/: the kernels there import the installed wheel, and it holds this tree's code.
+FROM_THE_WHEEL = """
+import pathlib, sys, mgpu_helpers
+source, installed = pathlib.Path(sys.argv[1]), pathlib.Path(mgpu_helpers.__file__).parent
+assert installed.is_relative_to(sys.prefix), f"mgpu_helpers comes from {installed}, not the installed wheel"
+stale = [str(f.relative_to(source)) for f in source.rglob("*.py")
+         if not (installed / f.relative_to(source)).is_file()
+         or f.read_bytes() != (installed / f.relative_to(source)).read_bytes()]
+assert not stale, f"the installed wheel is not this tree's code: {stale[:5]}"
+"""
+
 nox.options.default_venv_backend = "uv"
 nox.options.envdir = os.environ.get("MGPU_STACKS_DIR", str(Path.home() / ".cache" / "mgpu-course" / "stacks"))
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["colab"]
-#: pip in every environment, as on Colab and Kaggle (the wheel-install test and %pip use it)
+#: pip in every environment, as on Colab and Kaggle (%pip in the notebooks' install cells uses it)
 SEED = ["--seed"]
 
 
@@ -80,15 +92,23 @@ def run_stack(session: nox.Session, name: str) -> None:
     session.log(
         f"stack {name}: Python {header['python']}, torch {header['torch']} — {header.get('source', '')}"
     )
-    # the course itself always anew: a kept environment may hold another clone's editable install
+    # The course as a student's runtime gets it: built into a wheel and installed (not editable), always
+    # anew (a kept environment holds an earlier build). Every notebook then runs from the wheel, beside
+    # the platform's own packages: ipywidgets 7.7.1 on Colab, its preinstalled torch kept (the constraint
+    # pins it, so a course that asked for another torch would fail to resolve here).
     constraints = str(STACKS / f"{name}.txt")
-    session.install("-c", constraints, "--reinstall-package", "mgpu-course", "-e", f"{ROOT}[test]")
+    session.install(
+        "-c", constraints, "--reinstall-package", "mgpu-course", "--refresh-package", "mgpu-course",
+        f"{ROOT}[test]",
+    )
     # uv writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set (as on these CI machines) no import
     # writes it either: every process would compile torch's Python anew (import torch 4-9 s instead of
     # 2.4 s; the notebooks ran 3x slower than under pip's install). Once per environment (~40 s), then ~3 s.
     venv = session.virtualenv.location
     session.run("python", "-W", "ignore", "-m", "compileall", "-q", "-j0", venv, silent=True)
     session.run("python", "-m", "mgpu_helpers.stacks", name)  # the versions installed, against the stack
+    with session.chdir(ROOT / "notebooks"):  # where nbval starts each notebook's kernel
+        session.run("python", "-c", FROM_THE_WHEEL, str(ROOT / "mgpu_helpers"), silent=True)
     session.run("ruff", "check", str(ROOT))
     # ipykernel 6.17's debugger warns about Python 3.13's frozen modules in every kernel's stderr
     session.env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"

@@ -54,8 +54,9 @@ TEST_NEEDS = {
 #: Notebooks that time themselves against an idle machine (speed-ups): they run after the parallel
 #: steps, with nothing beside them.
 RUN_ALONE = {"04b": "times DDP's speed-up over one process"}
-#: Skipped offline (tools/gpu_check.sh --offline or --wheels).
-NEEDS_NETWORK = {"tests/test_wheel_install.py": "installs ipywidgets 7.7.1 from PyPI into a fresh venv"}
+#: Test files that need PyPI, skipped offline (tools/gpu_check.sh --offline or --wheels), with the reason.
+#: None since the wheel's install beside Colab's packages moved to noxfile.py (nox -s colab).
+NEEDS_NETWORK: dict[str, str] = {}
 
 
 def missing_modules() -> list[str]:

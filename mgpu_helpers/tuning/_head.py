@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,25 @@ class Head:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def marked(self) -> list[Any]:
+        """Every live process of this head's session: ``ray start`` runs in a new session (its pid is the
+        session id), and each process of its node stays in it, wherever it is re-parented (gcs_server
+        and the raylet may land below this process) and whatever it calls itself (``ray::IDLE``)."""
+        import psutil
+
+        found = []
+        if self.process is None:
+            return found
+        for proc in psutil.process_iter():
+            with contextlib.suppress(OSError, psutil.Error):  # gone, or not ours
+                if os.getsid(proc.pid) == self.process.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+        return found
+
     def track(self) -> None:
-        """Remember every process below ``ray start`` (one re-parented after a crash is still found)."""
+        """Remember every process of this head (one re-parented after a crash is still found)."""
         if self.process is not None:
-            self.tracked.update({p.pid: p for p in descendants(self.process.pid)})
+            self.tracked.update({p.pid: p for p in [*descendants(self.process.pid), *self.marked()]})
 
     def stop_processes(self, grace_s: float = 30.0) -> None:
         """SIGTERM to ``ray start --block`` (it then stops its node), then whatever is left, by pid."""
@@ -87,6 +103,10 @@ class Head:
                 self.process.wait(timeout=grace_s)
         stop_processes([self.process, *self.tracked.values()], grace_s=5.0)
         self.tracked = {}
+        # a worker the raylet started while the node was stopping is in no list above: wait for them all
+        deadline = time.monotonic() + 15.0
+        while (left := self.marked()) and time.monotonic() < deadline:
+            stop_processes(left, grace_s=2.0)
 
     def release(self) -> None:
         """One owner is gone (garbage-collected, or Python exits); the last one stops the head."""

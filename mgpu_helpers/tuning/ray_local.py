@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -150,13 +151,17 @@ def _is_startup_timeout(exc: BaseException) -> bool:
     return "timed out during startup" in text or "Failed to connect to GCS" in text
 
 
+#: "ray" as a word (``ray::Trainable``, ``.../ray/...``, ``ray start``), not inside another ("array")
+_RAY_WORDS = re.compile(r"\bray\b|gcs_server|raylet")
+
+
 def _is_ray_process(proc: Any) -> bool:
     """True if the ``psutil.Process`` looks like one of Ray's (gcs_server, raylet, ray::…, ray scripts)."""
     try:
         text = proc.name() + " " + " ".join(proc.cmdline()[:3])
     except Exception:  # gone or not ours to inspect
         return False
-    return any(key in text for key in ("ray", "gcs_server", "raylet"))
+    return _RAY_WORDS.search(text) is not None
 
 
 def ray_processes(root: int | None = None) -> list[Any]:
