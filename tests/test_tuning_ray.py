@@ -85,7 +85,8 @@ def cluster():
         _SHARED.pop("head", None)
         shared.stop()
         assert not ray.is_initialized()
-        _wait_until(lambda: not tuning.ray_processes(), 30, "no Ray process left after cluster.stop()")
+        # stop() itself waits for every process of the head's session (08 asserts this right after it)
+        assert not tuning.ray_processes(), [p.name() for p in tuning.ray_processes()]
         assert not Path(shared.temp_dir).exists()
 
 
@@ -247,9 +248,15 @@ def test_tune_refuses_to_start_a_second_ray_when_the_connect_cell_was_not_run(cl
     assert ray.get(ray.remote(lambda: "connected").remote()) == "connected"
 
 
-def test_cluster_start_failure_is_reported_and_cleaned_up(monkeypatch):
+def test_cluster_start_failure_is_reported_and_cleaned_up(cluster, monkeypatch):
     from mgpu_helpers.tuning import _head
 
+    def core() -> set[int]:  # ray start, gcs_server and the raylet of the shared head (not below ray start)
+        found = cluster._head.marked()
+        return {p.pid for p in found if p.pid == cluster.process.pid or p.name() in ("gcs_server", "raylet")}
+
+    shared = core()
+    assert len(shared) == 3 and cluster._head.process.pid in shared
     monkeypatch.setattr(
         _head, "ray_cli", lambda: ["python", "-c", "print('no Ray here'); raise SystemExit(3)"]
     )
@@ -260,6 +267,7 @@ def test_cluster_start_failure_is_reported_and_cleaned_up(monkeypatch):
     assert not Path(failing.temp_dir).exists()
     with pytest.raises(RuntimeError, match="was stopped: call start"):
         failing.connect()
+    assert core() == shared, "stopping one head stopped another's processes"
 
 
 def test_a_fixed_port_in_use_is_reported():

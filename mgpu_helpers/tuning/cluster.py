@@ -1,8 +1,9 @@
 """Used by notebook 06b (Ray Tune and ASHA), sections 1 and 4: a real Ray cluster head on 127.0.0.1.
 
 :class:`LocalRayCluster` runs ``ray start --head --block`` as a child process that this Python
-process owns and stops by process id (plain ``ray stop`` would stop every Ray instance of this user:
-another notebook's, a test's). Re-running notebook cells in any order is safe:
+process owns and stops by its session (``ray start`` runs in a new one, and every process of its node
+stays in it; plain ``ray stop`` would stop every Ray instance of this user: another notebook's, a
+test's). Re-running notebook cells in any order is safe:
 
 * a cluster started under the ``name`` of a running one (a re-run of the cell that starts it) reuses
   it when ``num_cpus``, ``num_gpus`` and ``port`` are the same, and the connection stays; with other
@@ -348,7 +349,7 @@ class LocalRayCluster:
         ]
 
     def stop(self, grace: float = 30.0) -> None:
-        """Disconnect (if connected here), stop this head by its process id, wait until it is gone,
+        """Disconnect (if connected here), stop this head, wait until no process of its session is left,
         and delete its folder. Safe to call again, or before :meth:`start`."""
         grace = real("grace (seconds)", grace, 0.0, example="30")
         if self._finalizer is not None:
