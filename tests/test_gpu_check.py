@@ -183,3 +183,26 @@ def test_offline_install_checks_wheel_tags():
     assert wheels._python_tag_ok("py3", "none") and wheels._python_tag_ok("py2.py3", "none")
     assert wheels._python_tag_ok(here, here) and wheels._python_tag_ok("cp36", "abi3")
     assert not wheels._python_tag_ok(f"cp3{sys.version_info.minor + 1}", f"cp3{sys.version_info.minor + 1}")
+
+
+def test_wheels_too_big_for_one_transfer_are_spread_over_folders_and_brought_back(tmp_path):
+    wheels_mod = _module("offline_wheels")
+    wheels = tmp_path / ".whl"
+    wheels.mkdir()
+    payload = os.urandom(5 * 2**20 // 2)  # 2.5 MiB: three parts of at most 1 MiB
+    big = wheels / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
+    small = {wheels / f"pkg{i}-1.0-py3-none-any.whl": os.urandom(600 * 1024) for i in range(3)}
+    big.write_bytes(payload)
+    for path, data in small.items():
+        path.write_bytes(data)
+    folders = wheels_mod.split(wheels, max_mib=1)
+    assert folders[0] == wheels and len(folders) == 6 and not big.exists()  # 3 parts + 3 wheels of 0.6 MiB
+    for folder in folders:
+        assert sum(p.stat().st_size for p in folder.iterdir()) <= 2**20, folder
+    (tmp_path / ".whl.4").rename(tmp_path / "elsewhere")  # that transfer has not come yet
+    (problem,) = wheels_mod.join(wheels)
+    assert problem.endswith(".whl.4 as well") and not big.exists(), problem
+    (tmp_path / "elsewhere").rename(tmp_path / ".whl.4")
+    assert wheels_mod.join(wheels) == [] and big.read_bytes() == payload
+    assert all(path.read_bytes() == data for path, data in small.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".whl"] and len(list(wheels.iterdir())) == 4

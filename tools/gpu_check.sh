@@ -19,7 +19,7 @@
 # their timings (--quick benchmarks run with the rest).
 #
 # A step that needs an optional package missing here is skipped, named in one line at the start and in
-# the report: without Ray (its ~80 MB wheel is not fetched) notebooks 06b and 08, the tuning benchmark and
+# the report: without Ray (its ~76 MiB wheel is fetched only with --include ray) notebooks 06b and 08, the tuning benchmark and
 # the tests that need Ray. Offline (--wheels or --offline), tests that need PyPI are skipped and a
 # notebook's `%pip install` fails at once instead of retrying. --without ray,sklearn runs as if those
 # modules were missing (to try the skips on a machine that has them). Each step ends after S seconds

@@ -2,6 +2,7 @@
 
     python tools/offline_wheels.py fetch [--python 3.12] [--dest .whl] [--exclude NAME] [--include NAME]
     python tools/offline_wheels.py fetch --print-requirements      # the top-level list only (no network)
+    python tools/offline_wheels.py split --wheels .whl [--max-mib 40]   # for the device tool's 64 MiB
     python tools/offline_wheels.py install --wheels .whl [--target DIR] [--skip NAME]
 
 (``tools/fetch_wheels.sh`` runs ``fetch``; ``tools/gpu_check.sh --wheels DIR`` runs ``install``.)
@@ -19,6 +20,13 @@ widgetsnbextension (the classic Notebook's front-end for ipywidgets). DEST keeps
 package: wheels not in the new resolution are deleted. GPUtil exists only as a source archive: it is
 built here into a pure-Python wheel.
 
+**split** spreads DEST over folders of at most ``--max-mib`` MiB each, for a GPU machine reached by the
+device tool (64 MiB a transfer, the working tree's ~14 MiB included): DEST, then ``DEST.2``, ``DEST.3``...,
+a wheel bigger than that (Ray's, ~76 MiB) cut into byte ranges (``NAME.whl.partK``, its hash in
+``NAME.whl.sha256``). Carry one folder a call while the machine is warm (ignored paths it already has
+are kept). **install** first brings them together, joins the parts and checks the hashes; a folder that
+did not arrive stops it, named.
+
 **install** (no network) installs every wheel of the folder with ``pip install --no-index --no-deps``
 (the folder *is* the resolved list), except distributions already installed — torch and whatever came
 with it are never touched — and ``--skip`` names. ``--target DIR`` installs into DIR instead (for a
@@ -28,7 +36,9 @@ read-only system site-packages; put DIR on PYTHONPATH).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -252,8 +262,97 @@ def _python_tag_ok(py: str, abi: str) -> bool:
     return False
 
 
+#: The most :func:`split` puts in one folder (the device tool carries 64 MiB a call, the tree included).
+PART_MIB = 40
+#: Written by :func:`split` into the first folder: ``<folder> <file>`` for each file it moved out.
+SPREAD = "SPREAD.txt"
+
+
+def _sha256(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def split(wheels: Path, max_mib: int = PART_MIB) -> list[Path]:
+    """Spread the folder over folders of at most ``max_mib`` MiB (see the module docstring), cutting each
+    wheel bigger than that into parts; return the folders, ``wheels`` first."""
+    limit = max_mib * 2**20
+    for path in sorted(wheels.glob("*.whl")):
+        size = path.stat().st_size
+        if size > limit:
+            count = -(-size // limit)
+            (wheels / f"{path.name}.sha256").write_text(f"{_sha256([path])} {count}\n")
+            with path.open("rb") as f:
+                for k in range(1, count + 1):
+                    (wheels / f"{path.name}.part{k}").write_bytes(f.read(limit))
+            path.unlink()
+            print(f"{path.name}: {size / 2**20:.1f} MiB cut into {count} parts")
+    files = sorted((p for p in wheels.iterdir() if p.is_file()), key=lambda p: -p.stat().st_size)
+    folders, room, moved = [wheels], [limit - 2**16], []  # 64 KiB kept for SPREAD in the first
+    for path in files:  # first fit, biggest first
+        size = path.stat().st_size
+        k = next((i for i, free in enumerate(room) if size <= free), None)
+        if k is None:
+            folders.append(wheels.with_name(f"{wheels.name}.{len(folders) + 1}"))
+            room.append(limit)
+            k = len(folders) - 1
+        room[k] -= size
+        if k:
+            folders[k].mkdir(exist_ok=True)
+            path.rename(folders[k] / path.name)
+            moved.append(f"{folders[k].name} {path.name}")
+    if moved:
+        (wheels / SPREAD).write_text("\n".join(moved) + "\n")
+    for folder in folders:
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{folder.name}: {size / 2**20:.1f} MiB: carry it in a transfer of its own")
+    return folders
+
+
+def join(wheels: Path) -> list[str]:
+    """Undo :func:`split`: bring the files back from the ``wheels.k`` folders and join the parts of each
+    cut wheel, checking its hash; return what is missing or wrong (nothing is changed then)."""
+    spread = wheels / SPREAD
+    lines = spread.read_text().split("\n") if spread.exists() else []
+    moves = [(wheels.with_name(folder) / name, wheels / name) for folder, _, name in
+             (line.partition(" ") for line in lines if line)]
+    absent = sorted({str(src.parent) for src, dst in moves if not src.exists() and not dst.exists()})
+    if absent:
+        return [f"{len(absent)} folder(s) that split wrote did not arrive: carry {', '.join(absent)} as well"]
+    for src, dst in moves:
+        if src.exists():
+            src.rename(dst)
+    for folder in {src.parent for src, _ in moves}:
+        with contextlib.suppress(OSError):  # not empty: something else was put there
+            folder.rmdir()
+    spread.unlink(missing_ok=True)
+    problems = []
+    for record in sorted(wheels.glob("*.whl.sha256")):
+        name = record.name[: -len(".sha256")]
+        expected, count = record.read_text().split()
+        parts = [wheels / f"{name}.part{k}" for k in range(1, int(count) + 1)]
+        if not all(p.exists() for p in parts) or _sha256(parts) != expected:
+            problems.append(f"{name}: its parts do not add up to the fetched wheel (sha256): split it again")
+            continue
+        with (wheels / name).open("wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        for part in [*parts, record]:
+            part.unlink()
+        print(f"{name}: joined from {count} parts")
+    return problems
+
+
 def install(wheels: Path, target: Path | None = None, skip=()) -> int:
     """Install the folder's wheels offline (see the module docstring); return pip's exit status."""
+    problems = join(wheels)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
     found = _wheels(wheels)
     if not found:
         print(f"no wheels in {wheels}", file=sys.stderr)
@@ -319,6 +418,9 @@ def main(argv=None) -> int:
         help=f"fetch NAME although left out by default ({', '.join(DEFAULT_EXCLUDED)})",
     )
     f.add_argument("--print-requirements", action="store_true", help="print the top-level list and stop")
+    c = sub.add_parser("split", help="cut the wheels bigger than --max-mib into parts, one folder each")
+    c.add_argument("--wheels", default=str(ROOT / ".whl"), help="the folder fetch filled (default: .whl)")
+    c.add_argument("--max-mib", type=int, default=PART_MIB, help=f"the biggest part (default: {PART_MIB})")
     i = sub.add_parser("install", help="install a fetched folder (no network)")
     i.add_argument("--wheels", required=True, help="the folder fetch filled")
     i.add_argument("--target", default=None, help="install into this folder (then put it on PYTHONPATH)")
@@ -332,6 +434,11 @@ def main(argv=None) -> int:
             print("\n".join(requirements(args.python, exclude=excluded)))
             return 0
         fetch(args.python, Path(os.path.abspath(args.dest)), exclude=args.exclude, include=args.include)
+        return 0
+    if args.command == "split":
+        if args.max_mib < 1:
+            parser.error(f"--max-mib wants a whole number of MiB >= 1, not {args.max_mib}")
+        split(Path(os.path.abspath(args.wheels)), args.max_mib)
         return 0
     target = Path(os.path.abspath(args.target)) if args.target else None
     return install(Path(os.path.abspath(args.wheels)), target, skip=args.skip)
