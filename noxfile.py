@@ -105,7 +105,10 @@ def run_stack(session: nox.Session, name: str) -> None:
     # writes it either: every process would compile torch's Python anew (import torch 4-9 s instead of
     # 2.4 s; the notebooks ran 3x slower than under pip's install). Once per environment (~40 s), then ~3 s.
     venv = session.virtualenv.location
-    session.run("python", "-W", "ignore", "-m", "compileall", "-q", "-j0", venv, silent=True)
+    # exit status 1 where a file is for a newer Python (torch 2.15's py312_intrinsics.py on 3.11): never
+    # imported there, and every other file is compiled all the same
+    compile_all = ["python", "-W", "ignore", "-m", "compileall", "-qq", "-j0", venv]
+    session.run(*compile_all, silent=True, success_codes=[0, 1])
     session.run("python", "-m", "mgpu_helpers.stacks", name)  # the versions installed, against the stack
     with session.chdir(ROOT / "notebooks"):  # where nbval starts each notebook's kernel
         session.run("python", "-c", FROM_THE_WHEEL, str(ROOT / "mgpu_helpers"), silent=True)
