@@ -52,6 +52,9 @@ stale = [str(f.relative_to(source)) for f in source.rglob("*.py")
          if not (installed / f.relative_to(source)).is_file()
          or f.read_bytes() != (installed / f.relative_to(source)).read_bytes()]
 assert not stale, f"the installed wheel is not this tree's code: {stale[:5]}"
+extra = [str(f.relative_to(installed)) for f in installed.rglob("*.py")
+         if not (source / f.relative_to(installed)).is_file()]
+assert not extra, f"the installed wheel has modules this tree has not: {extra[:5]}"
 """
 
 nox.options.default_venv_backend = "uv"
@@ -97,6 +100,9 @@ def run_stack(session: nox.Session, name: str) -> None:
     # the platform's own packages: ipywidgets 7.7.1 on Colab, its preinstalled torch kept (the constraint
     # pins it, so a course that asked for another torch would fail to resolve here).
     constraints = str(STACKS / f"{name}.txt")
+    # setuptools copies the package into build/lib and keeps what is there: a module deleted here would
+    # still be built into the wheel (FROM_THE_WHEEL catches it); start that copy afresh
+    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
     session.install(
         "-c", constraints, "--reinstall-package", "mgpu-course", "--refresh-package", "mgpu-course",
         f"{ROOT}[test]",
