@@ -45,6 +45,8 @@ MODULES: dict[str, str] = {
     "and its clean shutdown (needs the `interactive` extra)",
     "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "
     "and the planner widget",
+    "scale": "one process as one rank of a fake job of up to 1,024 ranks, Llama 3's block and its TP plan, "
+    "bytes by category counted from the rank's real tensors",
     "troubleshoot": "OOM fences (memory-capped children, a capped GPU fraction), memory readings, `is_oom`, "
     "leak trends, `diagnose(exc)`",
 }

@@ -22,10 +22,13 @@ _RECOMPUTE = ("materialised", "selective", "full")
 
 @dataclass(frozen=True)
 class Transformer:
-    """A decoder-only transformer: ``layers`` L, ``hidden`` h, ``heads`` a, ``vocab`` v.
+    """A decoder-only transformer: ``layers`` L, ``hidden`` h, ``heads`` a, ``vocab`` v; for Llama-style
+    blocks also ``kv_heads`` (grouped-query attention: K and V have ``kv_heads`` heads of ``h/a``
+    features) and ``ffn`` (the SwiGLU MLP's width: three ``h × ffn`` matrices). 0 means "as GPT":
+    ``kv_heads = heads`` and a 4h MLP of two matrices.
 
-    ``n_params`` is the real count when known (e.g. Llama's grouped-query attention and wider MLP);
-    otherwise the Playbook's count ``h·v + L·(12h² + 13h) + 2h``.
+    ``n_params`` is the real count when known (e.g. Meta's model cards); otherwise the Playbook's count
+    ``h·v + L·(12h² + 13h) + 2h``.
     """
 
     name: str
@@ -34,11 +37,20 @@ class Transformer:
     heads: int
     vocab: int = 0
     n_params: int | None = None
+    kv_heads: int = 0
+    ffn: int = 0
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads"):
             whole(f"Transformer.{name}", getattr(self, name), 1, "32")
         whole("Transformer.vocab", self.vocab, 0, "128256")
+        whole("Transformer.kv_heads", self.kv_heads, 0, "8", hint=" (0: as many as heads)")
+        whole("Transformer.ffn", self.ffn, 0, "14336", hint=" (0: a GPT MLP of 4·hidden)")
+        if self.hidden % self.heads or (self.kv_heads and self.heads % self.kv_heads):
+            raise ValueError(
+                f"heads={self.heads} must divide hidden={self.hidden}, and kv_heads={self.kv_heads} must "
+                "divide heads (each K/V head serves heads / kv_heads query heads)"
+            )
         if self.n_params is not None:
             whole("Transformer.n_params", self.n_params, 1, "8 * 10**9")
 
@@ -50,11 +62,24 @@ class Transformer:
         h, L = self.hidden, self.layers
         return h * self.vocab + L * (12 * h * h + 13 * h) + 2 * h
 
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one block: Llama's (``ffn`` given: Q and O ``h²`` each, K and V ``h·kv·h/a``
+        each, three ``h × ffn`` MLP matrices, two RMSNorm weights, no biases) or GPT's ``12h² + 13h``."""
+        h = self.hidden
+        if not self.ffn:
+            return 12 * h * h + 13 * h
+        kv = (self.kv_heads or self.heads) * (h // self.heads)
+        return 2 * h * h + 2 * h * kv + 3 * h * self.ffn + 2 * h
 
-# Llama 3.1 shapes (Meta's model cards); the Playbook plans these three.
-LLAMA_8B = Transformer("Llama 3.1 8B", 32, 4096, 32, 128_256, 8_030_000_000)
-LLAMA_70B = Transformer("Llama 3.1 70B", 80, 8192, 64, 128_256, 70_600_000_000)
-LLAMA_405B = Transformer("Llama 3.1 405B", 126, 16384, 128, 128_256, 405_000_000_000)
+
+# Llama 3.1 shapes (Meta's config.json: GQA with 8 K/V heads, SwiGLU MLP, untied input and output
+# embeddings) with the parameter counts of Meta's model cards, 8.03, 70.6 and 405 billion, which the
+# Playbook's charts use. The exact counts of these shapes are 8,030,261,248, 70,553,706,496 and
+# 405,853,388,800 (``layers·layer_params + 2·hidden·vocab + hidden``; notebook 05g counts them).
+LLAMA_8B = Transformer("Llama 3.1 8B", 32, 4096, 32, 128_256, 8_030_000_000, kv_heads=8, ffn=14_336)
+LLAMA_70B = Transformer("Llama 3.1 70B", 80, 8192, 64, 128_256, 70_600_000_000, kv_heads=8, ffn=28_672)
+LLAMA_405B = Transformer("Llama 3.1 405B", 126, 16384, 128, 128_256, 405_000_000_000, kv_heads=8, ffn=53_248)
 PRESETS = {m.name: m for m in (LLAMA_8B, LLAMA_70B, LLAMA_405B)}
 
 
