@@ -24,14 +24,17 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _key(t: torch.Tensor) -> int:
-    return local(t).untyped_storage()._cdata  # one StorageImpl per buffer, also for views of it
+    """The identity of the storage behind ``t`` (views share it). Not its address: FSDP2 frees a block's
+    gathered weights after the forward, and a later activation may be allocated at the same address; the
+    storage object itself (``_cdata``, its C++ pointer) lives on, emptied, as long as the parameter does."""
+    return local(t).untyped_storage()._cdata
 
 
 def unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes of the storages behind ``tensors``, each storage once (views and shared buffers too)."""
     seen: dict[int, int] = {}
     for t in tensors:
-        if t is not None:
+        if t is not None and local(t).untyped_storage().nbytes():
             seen.setdefault(_key(t), local(t).untyped_storage().nbytes())
     return sum(seen.values())
 
@@ -70,7 +73,7 @@ class SavedActivations:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _key(t)
-        if key not in self._params and key not in self._seen:
+        if local(t).untyped_storage().nbytes() and key not in self._params and key not in self._seen:
             self._seen.add(key)
             self.bytes += local(t).untyped_storage().nbytes()
         return t

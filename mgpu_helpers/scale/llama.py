@@ -134,8 +134,11 @@ class LlamaBlocks(nn.Module):
 def tp_plan(sequence_parallel: bool = False) -> dict[str, Any]:
     """Megatron's split of a block for ``parallelize_module``: Q, K, V and the MLP's ``w1``/``w3`` by
     columns (each rank its heads, its slice of ``ffn``), ``wo`` and ``w2`` by rows (a partial sum,
-    all-reduced). With ``sequence_parallel`` the norms and residuals run on ``s / tp`` tokens
-    (``Shard(1)``) and the all-reduces become an all-gather before and a reduce-scatter after."""
+    all-reduced). The attention and the MLP each take their input as ONE replicated DTensor
+    (``PrepareModuleInput``), so the backward all-reduces its gradient once per sub-layer, not once per
+    projection (notebook 05g measures both). With ``sequence_parallel`` the norms and residuals run on
+    ``s / tp`` tokens (``Shard(1)``) and the all-reduces become an all-gather before and a reduce-scatter
+    after."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -145,21 +148,18 @@ def tp_plan(sequence_parallel: bool = False) -> dict[str, Any]:
     )
 
     out = Shard(1) if sequence_parallel else Replicate()
+    one_input = {"input_layouts": (out,), "desired_input_layouts": (Replicate(),)}
     plan: dict[str, Any] = {
+        "attention": PrepareModuleInput(**one_input),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=out),
+        "feed_forward": PrepareModuleInput(**one_input),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=out),
     }
     if sequence_parallel:
-        gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
-        plan |= {
-            "attention_norm": SequenceParallel(),
-            "ffn_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(**gather),
-            "feed_forward": PrepareModuleInput(**gather),
-        }
+        plan |= {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
     return plan
