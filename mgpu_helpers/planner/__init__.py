@@ -1,7 +1,7 @@
-"""Used by notebooks 05d (and its graders), 05e and 08b: a parallelism planner. Given a transformer, a
-workload and a cluster, it lists which layouts — data parallel (DP), ZeRO-1/2/3, tensor parallel (TP),
-context parallel (CP), pipeline parallel (PP) and their combinations — fit in one GPU's memory, what
-each sends per optimizer step, and a rough step time to rank them.
+"""Used by notebooks 05d (and its graders), 05e, 05g (and its graders) and 08b: a parallelism planner.
+Given a transformer, a workload and a cluster, it lists which layouts — data parallel (DP), ZeRO-1/2/3,
+tensor parallel (TP), context parallel (CP), pipeline parallel (PP) and their combinations — fit in one
+GPU's memory, what each sends per optimizer step, and a rough step time to rank them.
 
 Every number is *estimated*:
 

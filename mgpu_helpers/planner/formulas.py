@@ -1,4 +1,4 @@
-"""Used by notebooks 05d, 05e and 08b through :mod:`mgpu_helpers.planner`: the planner's model, workload
+"""Used by notebooks 05d, 05e, 05g and 08b through :mod:`mgpu_helpers.planner`: the planner's model, workload
 and layout, and the per-GPU formulas (state, activations, bytes sent per step) — see the package's
 docstring for their sources."""
 

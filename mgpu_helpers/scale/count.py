@@ -1,4 +1,4 @@
-"""Used by notebook 05g (and :func:`mgpu_helpers.scale.dry_run`): what ONE rank holds, counted from its real
+"""Used by notebook 05g (and its graders): what ONE rank holds, counted from its real
 tensors — the same counts the notebook's cells write, packaged for the dry run and the planner's button.
 
 * :func:`local` — a ``DTensor``'s local shard (what this rank's memory really holds), a tensor as it is;

@@ -1,4 +1,4 @@
-"""Used by notebook 05g (and :func:`mgpu_helpers.scale.dry_run`): Llama 3's transformer block, the model the
+"""Used by notebook 05g (and its graders): Llama 3's transformer block, the model the
 scale lab shards, and the tensor-parallel plan notebook 02c taught, written for it.
 
 A block is RMSNorm → grouped-query attention with rotary position embeddings (RoPE) → residual, then

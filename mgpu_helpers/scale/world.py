@@ -1,4 +1,4 @@
-"""Used by notebook 05g (and :func:`mgpu_helpers.scale.dry_run`): this process as ONE rank of a large job.
+"""Used by notebook 05g (and its graders): this process as ONE rank of a large job.
 
 torch's **fake** process-group backend (the one torchtitan's dry run uses) lets one CPU process join a
 job of any size as rank ``r``: every collective returns at once without moving data, so shapes,
