@@ -1,5 +1,5 @@
 """Used by notebook 05g (and its graders): what ONE rank holds, counted from its real
-tensors — the same counts the notebook's cells write, packaged for the dry run and the planner's button.
+tensors — the counts the notebook's cells make, packaged for its sharded runs and its graders.
 
 * :func:`local` — a ``DTensor``'s local shard (what this rank's memory really holds), a tensor as it is;
 * :func:`rank_state` — bytes of parameters, gradients and optimizer state, each storage counted once;

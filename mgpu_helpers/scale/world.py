@@ -36,8 +36,8 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
     ``init_device_mesh`` and every collective see that job); the process group is destroyed on the way
     out, also on an error.
 
-    Collectives return immediately and leave their outputs as they were: an all-reduce does not sum, an
-    all-gather does not fill in the other ranks' pieces. Count bytes and shapes here, not values.
+    Collectives return immediately and bring no other rank's data: an all-reduce does not sum, an
+    all-gather's output holds no other rank's piece. Count bytes and shapes here, not values.
     """
     n = whole("world_size", world_size, 1, "1024")
     r = whole("rank", rank, 0, "3")
