@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..memory._storage import all_storages, optimizer_tensors
+
 __all__ = ["SavedActivations", "local", "rank_state", "unique_bytes"]
 
 
@@ -31,17 +33,9 @@ def _key(t: torch.Tensor) -> int:
 
 
 def unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the storages behind ``tensors``, each storage once (views and shared buffers too)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is not None and local(t).untyped_storage().nbytes():
-            seen.setdefault(_key(t), local(t).untyped_storage().nbytes())
-    return sum(seen.values())
-
-
-def _optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's in .optim
-    return [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    """Bytes of the storages behind ``tensors``, each storage once (views and shared buffers too); the
+    memory tracker's unwrapping (:func:`~mgpu_helpers.memory._storage.all_storages`) finds them."""
+    return sum({s._cdata: s.nbytes() for s in all_storages(tensors)}.values())
 
 
 def rank_state(model: nn.Module, optimizer: Any = None) -> dict[str, int]:
@@ -51,7 +45,8 @@ def rank_state(model: nn.Module, optimizer: Any = None) -> dict[str, int]:
         raise TypeError(f"model must be an nn.Module, not {type(model).__name__}")
     params = list(model.parameters())
     out = {"parameters": unique_bytes(params), "gradients": unique_bytes(p.grad for p in params)}
-    out["optimizer"] = unique_bytes(_optimizer_tensors(optimizer)) if optimizer is not None else 0
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's in .optim
+    out["optimizer"] = unique_bytes(optimizer_tensors(inner)) if optimizer is not None else 0
     return out
 
 
