@@ -140,30 +140,30 @@ def no_leftover_children():
     assert not left, f"test left processes running: {names}"
 
 
-#: The files that took longest on the 2-core CI VM (3 xdist workers, 2026-11-23: 52 s down to 17 s
-#: each), longest first. xdist hands out whole files in the order they were collected; these go first
-#: so that the short files fill the gaps at the end, instead of one long file running alone there.
+#: The files that took longest on the 2-core CI VM (3 xdist workers; two runs of 2026-12-03, 160 s down to
+#: 25 s each), longest first. xdist hands out whole files in the order they were collected; these go
+#: first so that the short files fill the gaps at the end, instead of one long file running alone there.
 #: Stale figures only cost balance, never correctness.
 _LONG_FILES = (
-    "tests/test_tuning_ray.py",
-    "tests/test_solutions.py",
-    "tests/test_shortcuts.py",
     "tests/test_launcher.py",
-    "tests/test_launch.py",
-    "tests/test_site.py",
+    "tests/test_solutions.py",
+    "notebooks/08_capstone.ipynb",
+    "tests/test_shortcuts.py",
     "notebooks/04b_ddp_in_practice.ipynb",
     "notebooks/04d_fault_tolerance.ipynb",
+    "tests/test_tuning_ray.py",
+    "notebooks/05g_scale_lab.ipynb",
     "notebooks/06b_ray_tune.ipynb",
-    "notebooks/08_capstone.ipynb",
-    "notebooks/07a_memory_problems.ipynb",
-    "notebooks/03b_data_parallel_limits.ipynb",
-    "tests/test_benchmarks.py",  # one process for all six quick runs since issue 24: ~10 s quiet
-    "tests/test_tuning_isolation.py",
-    "notebooks/01b_interactive_ranks.ipynb",
+    "notebooks/01_nodes_and_gpus.ipynb",
     "tests/test_troubleshoot_fences.py",
+    "tests/test_launch.py",
+    "notebooks/07a_memory_problems.ipynb",
+    "tests/test_benchmarks.py",  # one process for all six quick runs since issue 24
+    "notebooks/03b_data_parallel_limits.ipynb",
     "tests/test_launch_c10d.py",
     "notebooks/07b_errors_and_hangs.ipynb",
-    "notebooks/05c_fsdp2_in_practice.ipynb",
+    "notebooks/02a_model_parallel_by_hand.ipynb",
+    "notebooks/02b_pipelining_api.ipynb",
 )
 
 

@@ -18,7 +18,7 @@ inside each rank's function.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,11 +60,31 @@ _NAMES = {
 
 @dataclass(frozen=True)
 class Call:
-    """One collective seen by the spy: its name, element type and full-tensor size in bytes."""
+    """One collective seen by the spy: its name, element type and full-tensor size in bytes, and the
+    process group it ran over (its name and size; not compared, so ``Call(op, dtype, nbytes)`` matches)."""
 
     op: str
     dtype: torch.dtype
     nbytes: int
+    group: str = field(default="", compare=False)
+    group_size: int = field(default=0, compare=False)
+
+
+def _group(args: tuple) -> tuple[str, int]:
+    """The process group of a c10d op (a ``ProcessGroup`` argument) or a functional one (its name)."""
+    c10d = torch._C._distributed_c10d
+    for a in args:
+        try:
+            if isinstance(a, torch.ScriptObject):
+                pg = c10d.ProcessGroup.unbox(a)
+            elif isinstance(a, str) and a:
+                pg = c10d._resolve_process_group(a)
+            else:
+                continue
+        except (RuntimeError, ValueError, TypeError):
+            continue
+        return pg.group_name, pg.size()
+    return "", 0
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -101,7 +121,8 @@ class CollectiveSpy(TorchDispatchMode):
             else:
                 full = _tensors(args[0])
             if full:
-                self.calls.append(Call(op, full[0].dtype, sum(t.numel() * t.element_size() for t in full)))
+                nbytes = sum(t.numel() * t.element_size() for t in full)
+                self.calls.append(Call(op, full[0].dtype, nbytes, *_group(args)))
         return out
 
     def count(self, op: str | None = None) -> int:

@@ -184,6 +184,21 @@ def test_form_replans_when_a_field_changes():
     assert "No layout uses exactly 7 GPUs" in out.value
 
 
+def test_form_measures_the_chosen_layout_with_the_scale_labs_dry_run():
+    pytest.importorskip("ipywidgets")
+    form = planner_form(8, 80.0)
+    out, which = form.children[-1], form.fields["measure"]
+    listed = [layout for _, layout in which.options]
+    assert listed and all(layout.n_gpus == 8 for layout in listed)  # the table's layouts, in its order
+    which.value = next(layout for layout in listed if layout.tp == 8)  # one eighth of a block: quick
+    form.measure.click()
+    assert "Measured on rank 0 of 8 (TP8" in out.value and "planner (estimate)" in out.value
+    assert "<table>" in out.value.split("Measured on")[0]  # the planner's table stays above it
+    form.fields["layers"].value = 40  # a custom shape has no Llama block to build
+    form.measure.click()
+    assert "Measuring needs a preset's Llama shape" in out.value
+
+
 def test_form_rows_fit_800_px_and_numbers_update_while_typing():
     pytest.importorskip("ipywidgets")
     form = planner_form(8, 80.0)

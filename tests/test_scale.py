@@ -6,8 +6,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgpu_helpers.planner import LLAMA_8B, LLAMA_70B, LLAMA_405B, Transformer
+from mgpu_helpers.planner import LLAMA_8B, LLAMA_70B, LLAMA_405B, Layout, Transformer
 from mgpu_helpers.scale.count import SavedActivations, local, rank_state, unique_bytes
+from mgpu_helpers.scale.dryrun import dry_run
 from mgpu_helpers.scale.llama import Block, LlamaBlocks, tp_plan
 from mgpu_helpers.scale.world import fake_world
 
@@ -102,3 +103,47 @@ def test_saved_activations_are_what_backward_keeps_without_the_weights():
     with SavedActivations(model) as saved, torch.no_grad():
         model(x)
     assert saved.bytes == 0
+
+
+#: A small Llama-shaped block (GQA, SwiGLU) whose every matrix splits evenly over 8 ranks: fast, and the
+#: planner's division has no remainder, so measured and planned bytes must agree to the byte.
+TINY = Transformer("tiny Llama", 4, 256, 8, 0, kv_heads=4, ffn=512)
+
+
+@pytest.mark.parametrize(
+    ("layout", "rank"),
+    [
+        pytest.param(Layout(dp=8), 3, id="DP8"),
+        pytest.param(Layout(dp=8, zero=3), 3, id="ZeRO-3 over 8"),
+        pytest.param(Layout(dp=16, tp=4, zero=3), 6, id="TP4 x FSDP16"),
+        pytest.param(Layout(dp=2, pp=4, zero=2), 3, id="PP4 x DP2, a middle stage"),
+    ],
+)
+def test_dry_run_measures_what_the_planner_predicts_where_it_models_it(layout, rank):
+    run = dry_run(TINY, layout, blocks=2, rank=rank)
+    m, p, dp, tp = run.measured, run.planned, layout.dp, layout.tp
+    norms = 2 * 2 * TINY.hidden * 4  # two RMSNorm weights per block, fp32: whole on every TP rank,
+    extra = norms // dp - norms // (dp * tp) if layout.zero == 3 else 0  # the planner: dp·tp ways
+    # FSDP2's ZeRO-2 keeps the parameters sharded at rest (it gathers them for each forward); the
+    # planner's ZeRO-2 keeps them whole
+    assert m["parameters"] == (p["parameters"] // dp if layout.zero == 2 else p["parameters"] + extra)
+    assert m["gradients"] == p["gradients"] + extra
+    counters = 4 * len(list(LlamaBlocks(TINY, 2).parameters()))  # Adam's 4-byte step, one per tensor
+    assert m["optimizer"] == p["optimizer"] + 2 * extra + counters
+    # FSDP's two all-gathers and its reduce-scatter carry the norms whole over dp, not 1/tp of them
+    fsdp_norms = 3 * (dp - 1) / dp * (norms - norms / tp) if tp > 1 else 0
+    assert run.sent == {k: round(run.planned_sent[k] + fsdp_norms * (k == "DP")) for k in ("DP", "TP", "PP")}
+    assert m["activations"] > 0 and "planner (estimate)" in run.html() and not dist.is_initialized()
+
+
+def test_dry_run_says_what_it_cannot_measure(monkeypatch):
+    with pytest.raises(ValueError, match="pass cp=1"):
+        dry_run(TINY, Layout(dp=2, cp=2))
+    with pytest.raises(ValueError, match="ZeRO-1 here is torch's ZeroRedundancyOptimizer"):
+        dry_run(TINY, Layout(dp=2, tp=2, zero=1))
+    with pytest.raises(ValueError, match="tp=3 must divide heads=8"):
+        dry_run(TINY, Layout(tp=3))
+    monkeypatch.setattr("mgpu_helpers.scale.dryrun._available_bytes", lambda: 2**20)
+    with pytest.raises(MemoryError, match="pass fewer blocks, a larger tp, zero=2 or 3"):
+        dry_run(TINY, Layout(dp=8))
+    assert not dist.is_initialized()

@@ -10,7 +10,9 @@ visible; on every notebook page the *Open in Colab* / *Open in Kaggle* buttons a
 links to that page's notebook and are visible, the slide deck is there, and the page says which
 hardware its outputs came from; the syllabus links the sections it cites.
 
-Skips, saying what is missing, without the site tools (``pip install -e ".[site]"``), Playwright or
+Marked ``site`` and so left out of the README's test command (a student's check of the course needs no
+website tools): ``pip install -e ".[site]" && python -m pytest -m site tests`` runs it; ``.ci/run`` does,
+after the README's command. Skips, saying what is missing, without the site tools, Playwright or
 Debian's Chromium (``apt-get install -y chromium``; ``.ci/run`` installs it when missing).
 """
 
@@ -58,6 +60,7 @@ def _missing() -> str | None:
     return None
 
 
+pytestmark = pytest.mark.site
 needs_site_tools = pytest.mark.skipif(_missing_site_tools() is not None, reason=str(_missing_site_tools()))
 needs_browser = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 

@@ -44,9 +44,9 @@ MODULES: dict[str, str] = {
     "interactive": "a live multi-rank group for `%%px` cells (ipyparallel engines in one process group) "
     "and its clean shutdown (needs the `interactive` extra)",
     "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "
-    "and the planner widget",
+    "and the planner widget (its *measure this layout* button runs `scale.dry_run`)",
     "scale": "one process as one rank of a fake job of up to 1,024 ranks, Llama 3's block and its TP plan, "
-    "bytes by category counted from the rank's real tensors",
+    "bytes by category counted from the rank's real tensors; `dry_run(shape, layout)` measures any layout",
     "troubleshoot": "OOM fences (memory-capped children, a capped GPU fraction), memory readings, `is_oom`, "
     "leak trends, `diagnose(exc)`",
 }

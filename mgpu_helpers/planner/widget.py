@@ -1,5 +1,6 @@
-"""Used by notebook 05d through :mod:`mgpu_helpers.planner`: the planner form (ipywidgets) and the GPU
-memory of this machine."""
+"""Used by notebook 05d through :mod:`mgpu_helpers.planner`: the planner form (ipywidgets), whose
+"measure this layout" button runs the scale lab's dry run (:func:`mgpu_helpers.scale.dry_run`), and the
+GPU memory of this machine."""
 
 from __future__ import annotations
 
@@ -46,12 +47,16 @@ def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any
     options = list(zip(labels, _RECOMPUTE, strict=True))
     recompute = box(w.Dropdown, "materialised", "recompute", "520px", options=options)
     out = w.HTML()
+    which = box(w.Dropdown, None, "measure", "520px", options=[])
+    measure = w.Button(description="measure this layout", layout=w.Layout(width="250px"))
+    shown = ""  # the planner's table, kept so that a measurement can be shown below it
 
     def use_preset(*_: Any) -> None:
         m = PRESETS[preset.value]
         layers.value, hidden.value, heads.value = m.layers, m.hidden, m.heads
 
     def refresh(*_: Any) -> None:
+        nonlocal shown
         try:
             m = PRESETS[preset.value]
             if (layers.value, hidden.value, heads.value) != (m.layers, m.hidden, m.heads):
@@ -59,16 +64,34 @@ def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any
             work = Workload(seq.value, mbs.value, global_batch.value, recompute=recompute.value)
             plans = plan_all(m, work, gpus.value, gpu_mem.value)
             table = plans_html(plans, limit) if plans else f"<p>{no_layout_reason(m, work, gpus.value)}</p>"
-            out.value = f"<p>{m.name}: {m.params / 1e9:,.2f} B parameters</p>{table}"
+            which.options = [(q.layout.name, q.layout) for q in plans[:limit]]
+            shown = f"<p>{m.name}: {m.params / 1e9:,.2f} B parameters</p>{table}"
         except (TypeError, ValueError) as exc:
-            out.value = f"<pre>{exc}</pre>"
+            which.options, shown = [], f"<pre>{exc}</pre>"
+        out.value = shown
+
+    def measure_layout(*_: Any) -> None:  # the scale lab's dry run (05g): one block, rank 0 of the layout
+        from ..scale import dry_run
+
+        m = PRESETS[preset.value]
+        if (layers.value, hidden.value, heads.value) != (m.layers, m.hidden, m.heads) or which.value is None:
+            out.value = shown + "<p>Measuring needs a preset's Llama shape and a layout listed above.</p>"
+            return
+        out.value = shown + f"<p>measuring {which.value.name} (one block, rank 0)…</p>"
+        try:
+            out.value = shown + dry_run(m, which.value).html()
+        except (MemoryError, ValueError) as exc:
+            out.value = shown + f"<p>Not measured: {exc}</p>"
 
     preset.observe(use_preset, names="value")
     fields = (layers, hidden, heads, gpus, gpu_mem, seq, mbs, global_batch, recompute)
     for f in fields:
         f.observe(refresh, names="value")
+    measure.on_click(measure_layout)
     refresh()
     rows = [[preset], [layers, hidden, heads], [gpus, gpu_mem], [seq, mbs, global_batch], [recompute]]
+    rows.append([which, measure])
     form = w.VBox([*(w.HBox(row) for row in rows), out])  # rows of at most 3 × 250 px
-    form.fields = {f.description: f for f in (preset, *fields)}
+    form.fields = {f.description: f for f in (preset, *fields, which)}
+    form.measure = measure  # the button (tests click it)
     return form
