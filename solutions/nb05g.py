@@ -3,7 +3,8 @@ tests/test_solutions.py and tests/test_shortcuts.py).
 
 05g.1 asks for ``plan()``: Megatron's split of a Llama block whose attention and MLP each take ONE
 replicated input, so that the backward all-reduces once per sub-layer. 05g.2 asks for
-``block_activation_bytes(shape, seq, batch, tp)``, counted from the shape.
+``block_activation_bytes(shape, seq, batch, tp)``, counted from the shape. 05g.3 asks for
+``rank_state_bytes(shape, layout, blocks)``: what one rank holds, as ``dry_run`` measures it.
 """
 
 from __future__ import annotations
@@ -85,8 +86,43 @@ def measured_instead(shape, seq, batch, tp):
     return saved.bytes
 
 
-SOLUTIONS = {"05g.1": (plan,), "05g.2": (block_activation_bytes,)}
-WRONG = {"05g.1": (per_projection_plan,), "05g.2": (gpt_formula,)}
+def rank_state_bytes(shape, layout, blocks):
+    norms = blocks * 2 * shape.hidden  # two RMSNorm weights per block: TP leaves them whole
+    numbers = (blocks * shape.layer_params - norms) / layout.tp + norms  # this rank's after TP
+    if layout.zero >= 2:
+        numbers /= layout.dp  # FSDP2 shards what TP left, also at rest under ZeRO-2
+    counters = 4 * 9 * blocks  # Adam's 4-byte step per tensor, 9 tensors a block
+    return {
+        "parameters": round(4 * numbers),
+        "gradients": round(4 * numbers),
+        "optimizer": round(8 * numbers) + counters,
+    }
+
+
+def planner_state(shape, layout, blocks):
+    from mgpu_helpers.planner import Transformer, Workload, state_bytes
+
+    model = Transformer(
+        "stage", blocks * layout.pp, shape.hidden, shape.heads, 0, blocks * layout.pp * shape.layer_params
+    )
+    state = state_bytes(model.params, layout, Workload(precision="fp32"))
+    return {"parameters": state.parameters, "gradients": state.gradients, "optimizer": state.optimizer}
+
+
+def without_step_counters(shape, layout, blocks):
+    out = rank_state_bytes(shape, layout, blocks)
+    return out | {"optimizer": out["optimizer"] - 4 * 9 * blocks}
+
+
+def dry_run_instead(shape, layout, blocks):
+    from mgpu_helpers.scale import dry_run
+
+    measured = dry_run(shape, layout, blocks=blocks, seq=4).measured
+    return {k: measured[k] for k in ("parameters", "gradients", "optimizer")}
+
+
+SOLUTIONS = {"05g.1": (plan,), "05g.2": (block_activation_bytes,), "05g.3": (rank_state_bytes,)}
+WRONG = {"05g.1": (per_projection_plan,), "05g.2": (gpt_formula,), "05g.3": (planner_state,)}
 SHORTCUTS = {
     "05g.1": {
         "the_packages_plan": (plan_from_the_package,),
@@ -97,5 +133,9 @@ SHORTCUTS = {
         "llama_8b_constants": (llama_8b_constants,),
         "rope_per_sequence": (rope_per_sequence,),
         "measured_instead": (measured_instead,),
+    },
+    "05g.3": {
+        "without_step_counters": (without_step_counters,),
+        "dry_run_instead": (dry_run_instead,),
     },
 }

@@ -1,6 +1,6 @@
-"""Used by notebook 05g's exercises: a tensor-parallel plan with Megatron's traffic (05g.1) and the exact
-activation bytes of a Llama block (05g.2), both run as one rank of a fake job
-(:func:`mgpu_helpers.scale.fake_world`) on Llama-shaped blocks drawn at grading time.
+"""Used by notebook 05g's exercises: a tensor-parallel plan with Megatron's traffic (05g.1), the exact
+activation bytes of a Llama block (05g.2) and the state one rank holds (05g.3), all run as one rank of a
+fake job (:func:`mgpu_helpers.scale.fake_world`) on Llama-shaped blocks drawn at grading time.
 
 **05g.1.** ``plan()`` must return a ``parallelize_module`` plan for one block. On 2 blocks of a random
 Llama shape, TP over 2 or 4 ranks of a ``(2, tp)`` mesh, one training step: every projection must hold
@@ -14,6 +14,11 @@ backward on one TP rank (plan: ``mgpu_helpers.scale.tp_plan()``, no sequence par
 bytes measured here with :class:`~mgpu_helpers.scale.SavedActivations` on 6 cases (hidden width, heads,
 K/V heads, MLP width, tokens, batch, TP degree drawn at grading time). Measuring instead of counting
 (``saved_tensors_hooks``, ``SavedActivations``, this module's own measurement) is refused.
+
+**05g.3.** ``rank_state_bytes(shape, layout, blocks)`` must give the parameter, gradient and Adam bytes
+(fp32) that one rank holds for ``blocks`` blocks of its pipeline stage, equal to what
+:func:`~mgpu_helpers.scale.dry_run` measures on 6 layouts (DP, TP, ZeRO-2, ZeRO-3, TP × FSDP, PP × FSDP)
+of shapes drawn at grading time; a function that runs a fake job to find out is refused.
 """
 
 from __future__ import annotations
@@ -188,3 +193,59 @@ def grade_activations(fn: Any) -> str:
                 f"({'too many' if isinstance(got, (int, float)) and got > want else 'check each term'})."
             )
     return "exact on 6 shapes drawn now (TP 1, 2 and 4, batches 1 to 3)"
+
+
+def _even_shape(rng: random.Random, tp: int) -> Any:
+    """A Llama shape whose every TP slice divides again by 4 (FSDP over up to 4 ranks pads nothing)."""
+    from ..planner import Transformer
+
+    heads = rng.choice([4, 8])
+    kv_heads = rng.choice([d for d in (2, 4) if heads % d == 0 and d % tp == 0])
+    head_dim = rng.choice([16, 32])
+    return Transformer(
+        "case", 1, heads * head_dim, heads, 0, kv_heads=kv_heads, ffn=4 * tp * rng.randint(2, 12)
+    )
+
+
+@exercise(
+    "05g.3",
+    "the state one rank holds, before you run it",
+    hint="start from the planner's state_bytes and look for what it leaves out, all of it shown in "
+    "section 4: what Adam keeps besides its two moments, which weights TP leaves whole (and so who "
+    "shards them), and what FSDP2 keeps between steps when it does not reshard after the forward.",
+)
+def grade_state(fn: Any) -> str:
+    """6 layouts of 4 to 8 ranks, shapes and block counts drawn now, each measured with dry_run."""
+    if not callable(fn):
+        raise Wrong(f"pass the function rank_state_bytes itself, not {type(fn).__name__}")
+    from ..planner import Layout
+    from ..scale import dryrun, world
+
+    layouts = (
+        Layout(dp=4),
+        Layout(dp=2, tp=2),
+        Layout(dp=4, zero=2),
+        Layout(dp=4, zero=3),
+        Layout(dp=4, tp=2, zero=3),
+        Layout(dp=2, pp=2, zero=3),
+    )
+    watched = {dryrun.dry_run.__code__, world.fake_world.__wrapped__.__code__}
+    rng = random.Random(secrets.randbits(32))
+    for layout in layouts:
+        shape, blocks = _even_shape(rng, layout.tp), rng.randint(1, 3)
+        got, running = calls_during(fn, lambda code: code in watched, shape, layout, blocks)
+        if running:
+            raise Wrong("rank_state_bytes runs a fake job: count the bytes from the shape and the layout.")
+        rank = rng.randrange(layout.n_gpus)
+        run = dryrun.dry_run(shape, layout, blocks=blocks, seq=4, rank=rank)
+        want = {k: run.measured[k] for k in ("parameters", "gradients", "optimizer")}
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise Wrong(f"return a dict with the keys {sorted(want)}, not {got!r}")
+        for key, value in want.items():
+            if got[key] != value:
+                raise Wrong(
+                    f"{layout.name}, {blocks} block(s) of hidden {shape.hidden}, {shape.heads} heads, "
+                    f"{shape.kv_heads} K/V heads, ffn {shape.ffn}: {key}: you count {got[key]!r} B, "
+                    f"rank {rank} holds {value:,} B."
+                )
+    return "exact on 6 layouts (DP, TP, ZeRO-2, ZeRO-3, TP × FSDP, PP × FSDP), shapes drawn now"
