@@ -189,7 +189,8 @@ def test_form_measures_the_chosen_layout_with_the_scale_labs_dry_run():
     form = planner_form(8, 80.0)
     out, which = form.children[-1], form.fields["measure"]
     listed = [layout for _, layout in which.options]
-    assert listed and all(layout.n_gpus == 8 for layout in listed)  # the table's layouts, in its order
+    assert listed and all(layout.n_gpus == 8 for layout in listed)  # the table's layouts, in its order,
+    assert not any(layout.zero == 1 and layout.tp * layout.pp > 1 for layout in listed)  # measurable ones
     which.value = next(layout for layout in listed if layout.tp == 8)  # one eighth of a block: quick
     form.measure.click()
     assert "Measured on rank 0 of 8 (TP8" in out.value and "planner (estimate)" in out.value

@@ -147,3 +147,11 @@ def test_dry_run_says_what_it_cannot_measure(monkeypatch):
     with pytest.raises(MemoryError, match="pass fewer blocks, a larger tp, zero=2 or 3"):
         dry_run(TINY, Layout(dp=8))
     assert not dist.is_initialized()
+
+
+def test_jobs_of_the_same_mesh_one_after_another_each_use_their_own_groups():
+    """DTensor caches sharding decisions by mesh shape: without fake_world clearing them on the way out,
+    the second TP job below reused the first one's destroyed process groups and failed."""
+    for rank in (0, 1, 2, 3, 0, 3):
+        run = dry_run(TINY, Layout(dp=2, tp=2), seq=4, rank=rank)
+        assert run.sent["TP"] == run.planned_sent["TP"]

@@ -43,14 +43,16 @@ _PROJECTIONS = {  # name → (dimension a Megatron rank splits, 0: rows = output
 }
 
 
-def _shape(rng: random.Random, tp: int) -> Any:
-    """A Llama-shaped block whose heads, K/V heads and MLP width all divide by ``tp``."""
+def _shape(rng: random.Random, tp: int, split: int = 1) -> Any:
+    """A Llama-shaped block whose heads, K/V heads and MLP width all divide by ``tp``, and each of whose
+    TP slices divides again by ``split`` (so that FSDP over ``split`` ranks pads nothing)."""
     from ..planner import Transformer
 
     heads = rng.choice([4, 8])
     kv_heads = rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0 and d % tp == 0])
-    head_dim = rng.choice([8, 16, 32])
-    return Transformer("case", 1, heads * head_dim, heads, 0, kv_heads=kv_heads, ffn=tp * rng.randint(6, 40))
+    head_dim = rng.choice([d for d in (8, 16, 32) if d % split == 0])  # every slice of heads divides too
+    ffn = tp * split * rng.randint(max(2, 6 // split), 40 // split)
+    return Transformer("case", 1, heads * head_dim, heads, 0, kv_heads=kv_heads, ffn=ffn)
 
 
 def _tp_step(plan_for: Callable[[], Any], shape: Any, tp: int, rank: int, seq: int, batch: int, blocks: int):
@@ -195,18 +197,6 @@ def grade_activations(fn: Any) -> str:
     return "exact on 6 shapes drawn now (TP 1, 2 and 4, batches 1 to 3)"
 
 
-def _even_shape(rng: random.Random, tp: int) -> Any:
-    """A Llama shape whose every TP slice divides again by 4 (FSDP over up to 4 ranks pads nothing)."""
-    from ..planner import Transformer
-
-    heads = rng.choice([4, 8])
-    kv_heads = rng.choice([d for d in (2, 4) if heads % d == 0 and d % tp == 0])
-    head_dim = rng.choice([16, 32])
-    return Transformer(
-        "case", 1, heads * head_dim, heads, 0, kv_heads=kv_heads, ffn=4 * tp * rng.randint(2, 12)
-    )
-
-
 @exercise(
     "05g.3",
     "the state one rank holds, before you run it",
@@ -232,7 +222,7 @@ def grade_state(fn: Any) -> str:
     watched = {dryrun.dry_run.__code__, world.fake_world.__wrapped__.__code__}
     rng = random.Random(secrets.randbits(32))
     for layout in layouts:
-        shape, blocks = _even_shape(rng, layout.tp), rng.randint(1, 3)
+        shape, blocks = _shape(rng, layout.tp, split=4), rng.randint(1, 3)
         got, running = calls_during(fn, lambda code: code in watched, shape, layout, blocks)
         if running:
             raise Wrong("rank_state_bytes runs a fake job: count the bytes from the shape and the layout.")

@@ -56,6 +56,8 @@ def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any
         layers.value, hidden.value, heads.value = m.layers, m.hidden, m.heads
 
     def refresh(*_: Any) -> None:
+        from ..scale.dryrun import unmeasurable  # here, not above: mgpu_helpers.scale imports the planner
+
         nonlocal shown
         try:
             m = PRESETS[preset.value]
@@ -64,18 +66,18 @@ def planner_form(n_gpus: int = 8, gpu_gib: float = 80.0, limit: int = 12) -> Any
             work = Workload(seq.value, mbs.value, global_batch.value, recompute=recompute.value)
             plans = plan_all(m, work, gpus.value, gpu_mem.value)
             table = plans_html(plans, limit) if plans else f"<p>{no_layout_reason(m, work, gpus.value)}</p>"
-            which.options = [(q.layout.name, q.layout) for q in plans[:limit]]
+            which.options = [(q.layout.name, q.layout) for q in plans[:limit] if not unmeasurable(q.layout)]
             shown = f"<p>{m.name}: {m.params / 1e9:,.2f} B parameters</p>{table}"
         except (TypeError, ValueError) as exc:
             which.options, shown = [], f"<pre>{exc}</pre>"
         out.value = shown
 
     def measure_layout(*_: Any) -> None:  # the scale lab's dry run (05g): one block, rank 0 of the layout
-        from ..scale import dry_run
+        from ..scale.dryrun import dry_run
 
         m = PRESETS[preset.value]
         if (layers.value, hidden.value, heads.value) != (m.layers, m.hidden, m.heads) or which.value is None:
-            out.value = shown + "<p>Measuring needs a preset's Llama shape and a layout listed above.</p>"
+            out.value = shown + "<p>Measuring needs a preset's Llama shape and a layout in the list.</p>"
             return
         out.value = shown + f"<p>measuring {which.value.name} (one block, rank 0)…</p>"
         try:

@@ -20,7 +20,7 @@ from .count import SavedActivations, local, rank_state
 from .llama import LlamaBlocks, tp_plan
 from .world import fake_world
 
-__all__ = ["DryRun", "dry_run"]
+__all__ = ["DryRun", "dry_run", "unmeasurable"]
 
 _CATEGORIES = ("parameters", "gradients", "optimizer", "activations")
 
@@ -72,10 +72,23 @@ class DryRun:
         )
         return (
             f"<p>Measured on rank {self.rank} of {self.layout.n_gpus} ({self.layout.name}): {self.blocks} "
-            f"{self.shape.name} block(s), {self.seq} tokens, fp32 + Adam, in {self.seconds:.1f} s</p>"
+            f"{self.shape.name} block(s), {self.seq} tokens, fp32 + Adam (whatever a form's precision or "
+            f"sequence length say), in {self.seconds:.1f} s</p>"
             "<table><tr><th>bytes</th><th>measured</th><th>planner (estimate)</th><th>ratio</th></tr>"
             f"{body}</table>"
         )
+
+
+def unmeasurable(layout: Layout) -> str | None:
+    """Why :func:`dry_run` cannot measure ``layout`` (a sentence with what to pass instead), or None."""
+    if layout.cp > 1:
+        return "dry_run measures DP, ZeRO, TP and PP; pass cp=1 (notebook 05e and 05g teach CP)"
+    if layout.zero == 1 and layout.tp * layout.pp > 1:
+        return (
+            "ZeRO-1 here is torch's ZeroRedundancyOptimizer over all ranks: use it with dp alone, "
+            "or zero=2 / zero=3 (FSDP2) beside TP or PP"
+        )
+    return None
 
 
 def _available_bytes() -> int:
@@ -113,13 +126,9 @@ def dry_run(
     whole("blocks", blocks, 1, "1")
     whole("seq", seq, 1, "16")
     tp, dp, pp, zero = layout.tp, layout.dp, layout.pp, layout.zero
-    if layout.cp > 1:
-        raise ValueError("dry_run measures DP, ZeRO, TP and PP; pass cp=1 (notebook 05e and 05g teach CP)")
-    if zero == 1 and tp * pp > 1:
-        raise ValueError(
-            "ZeRO-1 here is torch's ZeroRedundancyOptimizer over all ranks: use it with dp "
-            "alone, or zero=2 / zero=3 (FSDP2) beside TP or PP"
-        )
+    reason = unmeasurable(layout)
+    if reason:
+        raise ValueError(reason)
     kv = shape.kv_heads or shape.heads
     if tp > 1 and (shape.heads % tp or kv % tp):
         raise ValueError(

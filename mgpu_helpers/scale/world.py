@@ -54,3 +54,16 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_sharding_decisions()
+
+
+def _forget_sharding_decisions() -> None:
+    """DTensor caches its sharding decisions by a mesh's shape and ranks, not by its process groups: a
+    later job's mesh of the same shape would get back this job's (destroyed) groups, and its first
+    collective fails with "Could not resolve the process group". Clear those caches (their names vary
+    between torch releases)."""
+    from torch.distributed.tensor import debug
+
+    for name in dir(debug):
+        if name.startswith("_clear_") and name.endswith("sharding_prop_cache"):
+            getattr(debug, name)()
