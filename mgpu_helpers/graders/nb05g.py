@@ -106,7 +106,7 @@ def grade_plan(plan: Any) -> str:
         )
     from .. import scale
     from ..collectives import ring_bytes_sent
-    from ..planner import Layout, Transformer, Workload, communication_bytes
+    from ..planner import Layout, Workload, communication_bytes
 
     rng = random.Random(secrets.randbits(32))
     for tp in (2, 4):
@@ -143,7 +143,7 @@ def grade_plan(plan: Any) -> str:
                 "parallelism) only all-reduces: after wo and w2 in the forward, each sub-layer's input "
                 "gradient in the backward."
             )
-        blocks = Transformer("2 blocks", 2, shape.hidden, shape.heads, 0, 2 * shape.layer_params)
+        blocks = shape.only_blocks(2)
         work = Workload(seq_len=seq, micro_batch=1, global_batch=2, precision="fp32", recompute="selective")
         planned = communication_bytes(blocks, work, Layout(dp=2, tp=tp))["TP"]
         sent = sum(ring_bytes_sent(c.op, c.nbytes, tp) for c in spy.calls)

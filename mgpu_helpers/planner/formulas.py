@@ -72,6 +72,21 @@ class Transformer:
         kv = (self.kv_heads or self.heads) * (h // self.heads)
         return 2 * h * h + 2 * h * kv + 3 * h * self.ffn + 2 * h
 
+    def only_blocks(self, n: int) -> Transformer:
+        """``n`` of this model's blocks and nothing else (no embeddings): what the scale lab's runs
+        (notebook 05g, ``mgpu_helpers.scale.dry_run``) build and ask the planner about."""
+        n = whole("n", n, 1, "2")
+        return Transformer(
+            f"{n} blocks of {self.name}",
+            n,
+            self.hidden,
+            self.heads,
+            0,
+            n * self.layer_params,
+            self.kv_heads,
+            self.ffn,
+        )
+
 
 # Llama 3.1 shapes (Meta's config.json: GQA with 8 K/V heads, SwiGLU MLP, untied input and output
 # embeddings) with the parameter counts of Meta's model cards, 8.03, 70.6 and 405 billion, which the

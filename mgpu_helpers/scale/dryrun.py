@@ -204,16 +204,7 @@ def dry_run(
             sent["PP"] += call.nbytes
         elif call.op in ("all_reduce", "all_gather", "reduce_scatter") and call.group in kinds:
             sent[kinds[call.group]] += round(ring_bytes_sent(call.op, call.nbytes, call.group_size))
-    planner_model = Transformer(
-        "blocks",
-        blocks * pp,
-        shape.hidden,
-        shape.heads,
-        0,
-        blocks * pp * shape.layer_params,
-        shape.kv_heads,
-        shape.ffn,
-    )
+    planner_model = shape.only_blocks(blocks * pp)
     work = Workload(seq, 1, dp, precision="fp32", recompute="selective")
     state = state_bytes(planner_model.params, layout, work)
     planned = {"parameters": state.parameters, "gradients": state.gradients, "optimizer": state.optimizer}
