@@ -26,13 +26,46 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Call", "CollectiveSpy", "all_gather_single", "reduce_scatter_single", "ring_bytes_sent"]
+__all__ = [
+    "Call", "CollectiveSpy", "all_gather_autograd", "all_gather_single", "reduce_scatter_single",
+    "ring_bytes_sent",
+]  # fmt: skip
 
 #: ``dist.all_gather_single(output, input)``: torch 2.13 renamed ``all_gather_into_tensor`` to it (the old
 #: name now warns); on older torch (Colab's 2.11) it is the old name. Same arguments in both.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 #: ``dist.reduce_scatter_single(output, input)``, or ``reduce_scatter_tensor`` before torch 2.13.
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gather forward, reduce-scatter (a sum) of the output's gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.dim, ctx.group = dim, group
+        piece = tensor.movedim(dim, 0).contiguous()  # the collectives concatenate along dimension 0
+        out = piece.new_empty((dist.get_world_size(group) * piece.shape[0], *piece.shape[1:]))
+        all_gather_single(out, piece, group=group)
+        return out.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        whole = grad.movedim(ctx.dim, 0).contiguous()
+        out = whole.new_empty((whole.shape[0] // dist.get_world_size(ctx.group), *whole.shape[1:]))
+        reduce_scatter_single(
+            out, whole, group=ctx.group
+        )  # every rank's gradient of this rank's piece, summed
+        return out.movedim(0, ctx.dim), None, None
+
+
+def all_gather_autograd(tensor: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
+    """Every rank's ``tensor`` of ``group`` concatenated along ``dim`` (in rank order), differentiable:
+    in the backward the output's gradient is reduce-scattered, so each rank gets the sum over all ranks
+    of the gradient of its own piece. (torch's functional ``all_gather_tensor_autograd`` does the same
+    but warns about its ``wait_tensor`` in torch 2.10's backward and was renamed in 2.13.)"""
+    return _AllGather.apply(tensor, dim, group)
+
 
 #: Operator names (after the namespace, without underscores at either end) → the course's names.
 _NAMES = {

@@ -1,15 +1,18 @@
 """The scale lab's plumbing (notebook 05g): one process as one rank of a large fake job, the Llama block it
 shards, and the per-rank byte counts, checked against counts derived here from shapes and dtypes."""
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgpu_helpers.launching import launch
 from mgpu_helpers.planner import LLAMA_8B, LLAMA_70B, LLAMA_405B, Layout, Transformer
 from mgpu_helpers.scale.count import SavedActivations, local, rank_state, unique_bytes
 from mgpu_helpers.scale.dryrun import dry_run
-from mgpu_helpers.scale.llama import Block, LlamaBlocks, tp_plan
+from mgpu_helpers.scale.llama import Block, LlamaBlocks, context_parallel, tp_plan
 from mgpu_helpers.scale.world import fake_world
 
 
@@ -136,9 +139,64 @@ def test_dry_run_measures_what_the_planner_predicts_where_it_models_it(layout, r
     assert m["activations"] > 0 and "planner (estimate)" in run.html() and not dist.is_initialized()
 
 
+def test_dry_run_measures_context_parallelism_with_llama_3s_all_gathered_keys_and_values():
+    cp, dp, seq = 4, 4, 32
+    run = dry_run(TINY, Layout(dp=dp, zero=3, cp=cp), blocks=2, seq=seq, rank=5)
+    alone = dry_run(TINY, Layout(dp=dp * cp, zero=3), blocks=2, seq=seq // cp, rank=5)  # same tokens, no CP
+    for kind in ("parameters", "gradients", "optimizer"):  # ZeRO-3 over the dp·cp ranks: CP changes nothing
+        assert run.measured[kind] == alone.measured[kind]
+    assert run.sent["DP"] == alone.sent["DP"] and run.planned_sent["DP"] == alone.planned_sent["DP"]
+    s, kv = seq // cp, TINY.kv_heads * TINY.hidden // TINY.heads  # this rank's tokens; K's and V's width
+    # per block: K and V all-gathered in the forward, their gradients reduce-scattered in the backward
+    assert run.sent["CP"] == 2 * 2 * 2 * (cp - 1) * s * kv * 4
+    # the planner's ring sends K and V of the hidden size three times: (2/3)·(kv/hidden) of it
+    assert run.sent["CP"] * 6 * TINY.hidden == run.planned_sent["CP"] * 4 * kv
+    # kept for the backward beyond the same tokens without CP: the other chunks' K and V, and the
+    # attention mask, which SDPA keeps as a float (s × seq) per block
+    assert run.measured["activations"] == alone.measured["activations"] + 2 * (
+        2 * (cp - 1) * s * kv * 4 + s * seq * 4
+    )
+    assert "(this rank 8 of them)" in run.html() and not dist.is_initialized()
+
+
+def _context_parallel_against_the_whole_sequence(rank, world_size):
+    torch.manual_seed(0)  # the same weights and the same sequence on every rank
+    whole = LlamaBlocks(TINY, 2).double()
+    parted = copy.deepcopy(whole)
+    x = torch.randn(2, 4 * world_size, TINY.hidden, dtype=torch.float64, requires_grad=True)
+    whole(x).square().sum().backward()
+    context_parallel(parted, dist.group.WORLD)
+    chunk = x.detach().chunk(world_size, dim=1)[rank].clone().requires_grad_()
+    out = parted(chunk)
+    out.square().sum().backward()  # this rank's part of the loss
+    for p in parted.parameters():
+        dist.all_reduce(p.grad)  # the whole loss's gradient: every rank's part
+    mine = slice(4 * rank, 4 * (rank + 1))
+    with torch.no_grad():
+        expected = whole(x)[:, mine]
+    return {
+        "output": (out - expected).abs().max().item(),
+        "input grad": (chunk.grad - x.grad[:, mine]).abs().max().item(),
+        "weight grads": max(
+            (a.grad - b.grad).abs().max().item()
+            for a, b in zip(parted.parameters(), whole.parameters(), strict=True)
+        ),
+    }
+
+
+def test_context_parallel_attention_computes_the_whole_sequences_attention_on_three_ranks():
+    """Each of 3 gloo ranks holds a third of the sequence: its output, its input's gradient and the
+    summed weight gradients equal the unsharded block's (float64) — positions, causal mask across
+    chunks and the all-gather's backward included."""
+    for errors in launch(_context_parallel_against_the_whole_sequence, 3, backend="gloo"):
+        assert max(errors.values()) < 1e-12, errors
+
+
 def test_dry_run_says_what_it_cannot_measure(monkeypatch):
-    with pytest.raises(ValueError, match="pass cp=1"):
-        dry_run(TINY, Layout(dp=2, cp=2))
+    with pytest.raises(ValueError, match="cp=3 must divide seq=16"):
+        dry_run(TINY, Layout(dp=2, cp=3))
+    with pytest.raises(TypeError, match="has no mgpu_helpers.scale.llama.Attention"):
+        context_parallel(nn.Linear(2, 2), None)
     with pytest.raises(ValueError, match="ZeRO-1 here is torch's ZeroRedundancyOptimizer"):
         dry_run(TINY, Layout(dp=2, tp=2, zero=1))
     with pytest.raises(ValueError, match="tp=3 must divide heads=8"):

@@ -247,8 +247,9 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "The scale lab: one rank of a 1,024-GPU job",
         "torch's fake process-group backend, a Llama 3 block on meta, bytes per rank counted storage by "
         "storage; DP, ZeRO-1 (torch's whole-tensor partition), ZeRO-2/3 (FSDP2), TP (a per-projection plan "
-        "sends 1.75×), TP × FSDP and a pipeline stage at 256 ranks and 70B on 1,024, each equal to the "
-        "planner or the difference counted; an exact activation formula for a Llama block",
+        "sends 1.75×), TP × FSDP, a pipeline stage and context parallelism (Llama 3's all-gathered K/V) "
+        "at 256 ranks and 70B on 1,024, each equal to the planner or the difference counted; an exact "
+        "activation formula for a Llama block",
         "one process as rank 3 of 256 or 1,024, tensors on the CPU",
         "the same, on the CPU (the fake backend has no GPU side; bytes do not depend on the device)",
         "the same, on the CPU",

@@ -45,7 +45,8 @@ MODULES: dict[str, str] = {
     "and its clean shutdown (needs the `interactive` extra)",
     "planner": "memory and communication per step for DP / ZeRO / TP / PP layouts (the Playbook's formulas) "
     "and the planner widget (its *measure this layout* button runs `scale.dry_run`)",
-    "scale": "one process as one rank of a fake job of up to 1,024 ranks, Llama 3's block and its TP plan, "
+    "scale": "one process as one rank of a fake job of up to 1,024 ranks, Llama 3's block, its TP plan and "
+    "its context parallelism, "
     "bytes by category counted from the rank's real tensors; `dry_run(shape, layout)` measures any layout",
     "troubleshoot": "OOM fences (memory-capped children, a capped GPU fraction), memory readings, `is_oom`, "
     "leak trends, `diagnose(exc)`",

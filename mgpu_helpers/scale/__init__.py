@@ -2,7 +2,7 @@
 of 8 to 1,024 GPUs on a CPU, its memory and traffic counted from the rank's real tensors.
 
 * :mod:`.world` — :func:`fake_world`: this process as rank ``r`` of ``n`` with torch's fake backend;
-* :mod:`.llama` — Llama 3's block (GQA, RoPE, SwiGLU) and its tensor-parallel plan;
+* :mod:`.llama` — Llama 3's block (GQA, RoPE, SwiGLU), its tensor-parallel plan and its context parallelism;
 * :mod:`.count` — :func:`rank_state` and :class:`SavedActivations`: bytes by category on this rank;
 * :mod:`.dryrun` — :func:`dry_run`: all of that for any layout in one call (05d's "measure this layout").
 """

@@ -17,7 +17,7 @@ from .._checks import whole
 from ..collectives import CollectiveSpy, ring_bytes_sent
 from ..planner import LLAMA_8B, Layout, Transformer, Workload, communication_bytes, state_bytes
 from .count import SavedActivations, local, rank_state
-from .llama import LlamaBlocks, tp_plan
+from .llama import LlamaBlocks, context_parallel, tp_plan
 from .world import fake_world
 
 __all__ = ["DryRun", "dry_run", "unmeasurable"]
@@ -33,7 +33,8 @@ class DryRun:
     ``measured`` and ``planned`` map ``parameters``, ``gradients``, ``optimizer`` (Adam's moments and its
     4-byte step counters) to bytes; ``measured`` also has ``activations`` (what autograd kept for the
     backward pass). ``sent`` and ``planned_sent`` are bytes this rank sends per step by kind (``DP``,
-    ``TP``, ``PP``): all-reduces, all-gathers and reduce-scatters counted as rings over their group,
+    ``TP``, ``PP``, and ``CP`` when ``layout.cp > 1``): all-reduces, all-gathers and reduce-scatters
+    counted as rings over their group,
     point-to-point sends as they are; ZeRO-1's broadcasts are in ``broadcast``, which the planner counts
     as an all-gather inside ``DP``.
     """
@@ -62,6 +63,8 @@ class DryRun:
     def html(self) -> str:
         """The rows as an HTML table, labelled: measured on this rank, estimated by the planner."""
 
+        cut = f" (this rank {self.seq // self.layout.cp} of them)" if self.layout.cp > 1 else ""
+
         def cell(v: int | None) -> str:
             return "—" if v is None else f"{v:,}"
 
@@ -72,8 +75,8 @@ class DryRun:
         )
         return (
             f"<p>Measured on rank {self.rank} of {self.layout.n_gpus} ({self.layout.name}): {self.blocks} "
-            f"{self.shape.name} block(s), {self.seq} tokens, fp32 + Adam (whatever a form's precision or "
-            f"sequence length say), in {self.seconds:.1f} s</p>"
+            f"{self.shape.name} block(s), {self.seq} tokens{cut}, fp32 + Adam (whatever a form's precision "
+            f"or sequence length say), in {self.seconds:.1f} s</p>"
             "<table><tr><th>bytes</th><th>measured</th><th>planner (estimate)</th><th>ratio</th></tr>"
             f"{body}</table>"
         )
@@ -81,8 +84,6 @@ class DryRun:
 
 def unmeasurable(layout: Layout) -> str | None:
     """Why :func:`dry_run` cannot measure ``layout`` (a sentence with what to pass instead), or None."""
-    if layout.cp > 1:
-        return "dry_run measures DP, ZeRO, TP and PP; pass cp=1 (notebook 05e and 05g teach CP)"
     if layout.zero == 1 and layout.tp * layout.pp > 1:
         return (
             "ZeRO-1 here is torch's ZeroRedundancyOptimizer over all ranks: use it with dp alone, "
@@ -97,12 +98,15 @@ def _available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def _group_kinds(mesh) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Process-group name -> ``"DP"``/``"TP"``/``"PP"`` for the mesh's dimensions of size > 1."""
+def _group_kinds(mesh, dp_mesh) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Process-group name -> ``"DP"``/``"TP"``/``"PP"``/``"CP"`` for the mesh's dimensions of size > 1
+    (and ``"DP"`` for ``dp_mesh``, the ranks that hold the same weights: dp·cp of them)."""
     kinds = {}
-    for dim, kind in (("pp", "PP"), ("dp", "DP"), ("tp", "TP")):
+    for dim, kind in (("pp", "PP"), ("dp", "DP"), ("cp", "CP"), ("tp", "TP")):
         if mesh[dim].size() > 1:
             kinds[mesh[dim].get_group().group_name] = kind
+    if dp_mesh.size() > 1:
+        kinds[dp_mesh.get_group().group_name] = "DP"
     return kinds
 
 
@@ -118,14 +122,16 @@ def dry_run(
     """Measure one rank of ``layout`` (default: DP over 8) running ``blocks`` blocks of ``shape`` per
     pipeline stage; ZeRO-1 is torch's ``ZeroRedundancyOptimizer``, ZeRO-2/3 FSDP2's ``fully_shard``
     (each block its own unit; ZeRO-2 without resharding after the forward), TP the Megatron plan of
-    :func:`~mgpu_helpers.scale.tp_plan`. Collectives move no data (torch's fake backend): count
-    bytes here, never values. Context parallelism is not measured here (05g's Going deeper)."""
+    :func:`~mgpu_helpers.scale.tp_plan`, CP Llama 3's all-gathered keys and values
+    (:func:`~mgpu_helpers.scale.llama.context_parallel`; ``seq`` is then the whole sequence, of which
+    this rank holds ``seq / cp`` tokens, and ZeRO and DP span the dp·cp ranks that hold the same
+    weights). Collectives move no data (torch's fake backend): count bytes here, never values."""
     layout = Layout(dp=8) if layout is None else layout
     if not isinstance(shape, Transformer) or not isinstance(layout, Layout):
         raise TypeError("pass a planner Transformer (e.g. LLAMA_8B) and a planner Layout (e.g. Layout(dp=8))")
     whole("blocks", blocks, 1, "1")
     whole("seq", seq, 1, "16")
-    tp, dp, pp, zero = layout.tp, layout.dp, layout.pp, layout.zero
+    tp, dp, pp, cp, zero = layout.tp, layout.dp, layout.pp, layout.cp, layout.zero
     reason = unmeasurable(layout)
     if reason:
         raise ValueError(reason)
@@ -134,8 +140,13 @@ def dry_run(
         raise ValueError(
             f"tp={tp} must divide heads={shape.heads} and kv_heads={kv}: each rank its own heads"
         )
-    if sequence_parallel and (tp == 1 or seq % tp):
-        raise ValueError(f"sequence_parallel needs tp > 1 dividing seq={seq} (each rank s/tp tokens)")
+    if seq % cp:
+        raise ValueError(f"cp={cp} must divide seq={seq}: each context-parallel rank holds seq / cp tokens")
+    tokens = seq // cp  # this rank's part of the sequence
+    if sequence_parallel and (tp == 1 or tokens % tp):
+        raise ValueError(
+            f"sequence_parallel needs tp > 1 dividing the {tokens} tokens of this rank (each then s/tp)"
+        )
 
     # The fake all-gather hands FSDP2 a whole block (of this rank's TP shard), so the forward needs the
     # block's fp32 weights and, in the backward, its gradients: 8 B per parameter (16 with Adam unsharded).
@@ -154,7 +165,8 @@ def dry_run(
 
     start = time.perf_counter()
     with fake_world(layout.n_gpus, rank):
-        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        mesh = init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+        same_weights = mesh["dp", "cp"]._flatten("dp_cp") if cp > 1 else mesh["dp"]  # ZeRO's and DP's ranks
         stage = mesh.get_coordinate()[0]
         stages = dist.get_process_group_ranks(mesh["pp"].get_group()) if pp > 1 else [rank]
         with torch.device("meta"):
@@ -162,10 +174,12 @@ def dry_run(
         for blk in model.layers:
             if tp > 1:
                 parallelize_module(blk, mesh["tp"], tp_plan(sequence_parallel=sequence_parallel))
+            if cp > 1:
+                context_parallel(blk, mesh["cp"].get_group())
             if zero >= 2:
-                fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=zero == 3)
+                fully_shard(blk, mesh=same_weights, reshard_after_forward=zero == 3)
         if zero >= 2:
-            fully_shard(model, mesh=mesh["dp"], reshard_after_forward=zero == 3)
+            fully_shard(model, mesh=same_weights, reshard_after_forward=zero == 3)
         model.to_empty(device="cpu")
         model.init_weights()
         params = list(model.parameters())
@@ -173,7 +187,7 @@ def dry_run(
             optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=1e-4)
         else:
             optimizer = torch.optim.Adam(params, lr=1e-4)
-        x = torch.randn(1, seq // tp if sequence_parallel else seq, shape.hidden)
+        x = torch.randn(1, tokens // tp if sequence_parallel else tokens, shape.hidden)
         with CollectiveSpy() as spy:
             if stage > 0:
                 dist.recv(x, src=stages[stage - 1])  # nothing arrives: the fake backend leaves x as it is
@@ -189,16 +203,18 @@ def dry_run(
                 y.sum().backward()
             if stage > 0:
                 dist.send(x.grad, dst=stages[stage - 1])
-            if zero < 2 and dp > 1:  # plain data parallelism: average the gradients (DDP stops under fake)
-                group = mesh["dp"].get_group()
+            if (
+                zero < 2 and dp * cp > 1
+            ):  # plain data parallelism: average the gradients (DDP stops under fake)
+                group = same_weights.get_group()
                 for p in params:
                     dist.all_reduce(local(p.grad), group=group)
             optimizer.step()
         measured = rank_state(model, optimizer) | {"activations": saved.bytes}
-        kinds = _group_kinds(mesh)
+        kinds = _group_kinds(mesh, same_weights)
     seconds = time.perf_counter() - start
 
-    sent = {"DP": 0, "TP": 0, "PP": 0}
+    sent = {"DP": 0, "TP": 0, "PP": 0} | ({"CP": 0} if cp > 1 else {})
     for call in spy.calls:
         if call.op == "send":
             sent["PP"] += call.nbytes

@@ -9,6 +9,8 @@ the lab measures blocks and says so where a whole model would not fit.
 
 The attention reads the number of heads from its input (``view(b, s, -1, head_dim)``): under tensor
 parallelism each rank's ``wq`` has ``heads / tp`` heads' columns, and the same code runs on the shard.
+:func:`context_parallel` gives the attention a context-parallel group: each rank then holds one chunk of
+the sequence, and the attention all-gathers the keys and values (Llama 3's CP, 05g's Going deeper).
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import whole
+from ..collectives import all_gather_autograd
 from ..planner.formulas import Transformer
 
-__all__ = ["Attention", "Block", "FeedForward", "LlamaBlocks", "RMSNorm", "rope_tables", "tp_plan"]
+__all__ = [
+    "Attention", "Block", "FeedForward", "LlamaBlocks", "RMSNorm", "context_parallel", "rope_tables",
+    "tp_plan",
+]  # fmt: skip
 
 ROPE_THETA = 500_000.0  # Llama 3's rotary base (config.json: rope_theta)
 
@@ -39,10 +46,12 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope_tables(seq_len: int, head_dim: int, device: Any = None) -> tuple[Tensor, Tensor]:
-    """RoPE's cos and sin tables, ``(seq_len, head_dim)`` each, fp32."""
+def rope_tables(seq_len: int, head_dim: int, device: Any = None, start: int = 0) -> tuple[Tensor, Tensor]:
+    """RoPE's cos and sin tables for positions ``start … start + seq_len − 1``, ``(seq_len, head_dim)``
+    each, fp32."""
     inv = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    positions = torch.arange(start, start + seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -53,7 +62,12 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention: ``heads`` query heads share ``kv_heads`` key/value heads."""
+    """Causal grouped-query attention: ``heads`` query heads share ``kv_heads`` key/value heads.
+
+    With a context-parallel group (``cp_group``, set by :func:`context_parallel`) the input is rank
+    ``r``'s chunk of a sequence cut into ``cp`` equal chunks in rank order: its queries sit at positions
+    ``r·s … (r+1)·s − 1``, and it attends to the keys and values of every chunk, all-gathered.
+    """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
         super().__init__()
@@ -62,14 +76,25 @@ class Attention(nn.Module):
         self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.cp_group: dist.ProcessGroup | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
         q, k, v = (w(x).view(b, s, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        cos, sin = rope_tables(s, self.head_dim, x.device)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, local heads, s, head_dim)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        r, cp = (0, 1) if self.cp_group is None else (dist.get_rank(self.cp_group), self.cp_group.size())
+        cos, sin = rope_tables(s, self.head_dim, x.device, start=r * s)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # each token rotated by its place in the sequence
+        if cp > 1:  # every chunk's keys and values, in rank order: (b, cp·s, kv heads, head_dim)
+            k, v = (all_gather_autograd(t, 1, self.cp_group) for t in (k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, local heads, tokens, head_dim)
+        gqa = q.shape[1] != k.shape[1]
+        if cp == 1:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # causal across chunks: the query at position r·s + i sees the keys at positions <= r·s + i
+            keys = torch.arange(cp * s, device=x.device)
+            queries = torch.arange(r * s, (r + 1) * s, device=x.device)
+            mask = keys[None, :] <= queries[:, None]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -129,6 +154,27 @@ class LlamaBlocks(nn.Module):
                 local.fill_(1.0)
             else:
                 local.normal_(0.0, 0.02, generator=g)
+
+
+def context_parallel(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
+    """Make every :class:`Attention` in ``model`` context-parallel over ``group`` (returns ``model``).
+
+    This is Llama 3's context parallelism (Llama 3 paper, arXiv 2407.21783, §3.3.2): each of the group's
+    ``cp`` ranks holds one chunk of the sequence, all-gathers the keys and values of every chunk, and
+    computes attention for its own queries; the backward reduce-scatters the keys' and values' gradients.
+    It sends the keys and values once, not once per step of a ring as ring attention does (notebook 05e):
+    cheap under grouped-query attention, whose keys and values are ``kv_heads / heads`` of the hidden
+    size. Unlike Llama 3 this does not balance the causal work (its rank ``r`` takes chunks ``r`` and
+    ``2·cp − 1 − r``): here the last rank's queries see the most keys. The sequence's chunks are the
+    ranks' inputs: feed rank ``r`` tokens ``r·s … (r+1)·s − 1``."""
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    if not attentions:
+        raise TypeError(
+            f"{type(model).__name__} has no mgpu_helpers.scale.llama.Attention to make context-parallel"
+        )
+    for attention in attentions:
+        attention.cp_group = group
+    return model
 
 
 def tp_plan(sequence_parallel: bool = False) -> dict[str, Any]:
