@@ -1,6 +1,6 @@
 """Used by notebooks 00 (which introduces it), 02a, 02c, 03b, 04b, 04c, 04d, 04e, 04f, 05a, 05b, 05c, 05d,
-05e, 06a, 06b, 07a, 07b, 07c, 08 and 08b, and by the benchmarks: label every number the course prints with
-how it was obtained.
+05e, 05h, 06a, 06b, 07a, 07b, 07c, 08 and 08b, and by the benchmarks: label every number the course
+prints with how it was obtained.
 
 Three kinds, used the same way in every notebook:
 

@@ -22,6 +22,7 @@ T = 1e12
         ("NVIDIA H100 80GB HBM3", torch.float32, True, 494.7),
         ("NVIDIA H100 PCIe", torch.float16, False, 756.0),
         ("NVIDIA H200", torch.bfloat16, False, 989.4),
+        ("NVIDIA B200", torch.bfloat16, False, 2250.0),  # HGX B200: 4.5 PFLOPS with sparsity, halved
         ("NVIDIA A100-SXM4-40GB", torch.bfloat16, False, 312.0),
         ("NVIDIA A100 80GB PCIe", torch.float32, True, 156.0),
         ("NVIDIA L4", torch.bfloat16, False, 121.0),
@@ -45,6 +46,20 @@ def test_every_entry_has_a_source_and_the_four_formats():
         assert set(entry.tflops) == {"fp32", "tf32", "bf16", "fp16"}, entry.model
         fast = [v for v in entry.tflops.values() if v is not None]
         assert fast and all(0 < v < 5000 for v in fast), entry.model
+
+
+def test_the_rooflines_gpus_have_memory_links_and_fp8_where_they_have_it():
+    """Notebook 05h's table: every GPU it shows has its memory and link; FP8 only from Ada on."""
+    shown = {e.model: e for e in PEAKS if e.model in ("T4", "L4", "A100", "H100 SXM", "H200 SXM", "B200")}
+    assert len(shown) == 6
+    for e in shown.values():
+        assert e.memory_gb and e.memory_tbps and e.link_gbs and f"{e.link_gbs:,.0f} GB/s" in e.link
+    assert {m for m, e in shown.items() if e.fp8 is None} == {"T4", "A100"}
+    for m in ("L4", "H100 SXM", "H200 SXM", "B200"):  # FP8 tensor cores: twice the 16-bit dense peak
+        assert shown[m].fp8 == pytest.approx(2 * shown[m].tflops["bf16"], rel=0.01)
+    assert (
+        peak_for_name("NVIDIA GB200", torch.bfloat16).flops is None
+    )  # another power budget: not the HGX B200
 
 
 @pytest.mark.parametrize("name", ["Tesla T4", "Tesla V100-SXM2-32GB", "Tesla P100-PCIE-16GB"])

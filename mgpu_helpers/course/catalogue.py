@@ -256,6 +256,19 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         helpers=("collectives", "exercises", "planner", "scale"),
     ),
     Notebook(
+        "05h",
+        "05h_rooflines_and_step_time.ipynb",
+        "Step time from rooflines: what bounds a GPU, and how busy it is",
+        "datasheet peaks, memory bandwidths and links from the T4 to the B200, each GPU's ridge point; the "
+        "roofline of a matrix product (decoding memory-bound, training compute-bound); a 70B layout's step "
+        "time estimated with and without overlap, its critical path and MFU; Llama 3 405B's published MFU; "
+        "FP8 e4m3 scaling and an FP8 matrix product (torch._scaled_mm), run on the CPU",
+        "all of it: arithmetic on datasheet numbers; FP8 casts and the FP8 product on the CPU",
+        "the same, on the CPU (every machine prints the same numbers)",
+        "the same",
+        helpers=("exercises", "hardware", "labels", "planner"),
+    ),
+    Notebook(
         "06a",
         "06a_search_methods.ipynb",
         "Hyperparameter search methods",

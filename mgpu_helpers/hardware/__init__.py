@@ -1,6 +1,6 @@
-"""Used by notebooks 00, 01, 02a, 02b, 02c, 03b, 04a, 04b, 04c, 04d, 04e, 04f, 05a, 05b, 06a, 06b, 07a, 07b,
-07c, 08 and 08b (the others through the tuning and data-parallel helpers), by ``python -m mgpu_helpers``, the
-launchers and the benchmarks.
+"""Used by notebooks 00, 01, 02a, 02b, 02c, 03b, 04a, 04b, 04c, 04d, 04e, 04f, 05a, 05b, 05h, 06a, 06b, 07a,
+07b, 07c, 08 and 08b (the others through the tuning and data-parallel helpers), by
+``python -m mgpu_helpers``, the launchers and the benchmarks.
 Describe the machine a notebook runs on (CPU, RAM and the NVIDIA GPUs, if any) and choose the
 distributed backend for it.
 

@@ -1,7 +1,10 @@
-"""Used by notebooks 05a (the MFU of its measured training step) and 08 (the MFU of its DDP run).
+"""Used by notebooks 05a (the MFU of its measured training step), 05h (rooflines: peaks, memory
+bandwidths, links) and 08 (the MFU of its DDP run).
 
 The **dense peak FLOP/s** of known NVIDIA GPUs per number format, from the vendors' datasheets, and
-:func:`peak_flops`, which returns the peak of a device for a dtype, or ``None`` with the reason.
+:func:`peak_flops`, which returns the peak of a device for a dtype, or ``None`` with the reason. For the
+GPUs notebook 05h compares, an entry also has its dense FP8 peak, its memory size and bandwidth and
+its GPU-to-GPU link, from the same datasheets.
 
 Model FLOPs utilisation (MFU) divides the FLOP/s a training step achieves by this peak. The peak is a
 datasheet figure, not a measurement: the boost clock, every tensor core busy, no memory traffic.
@@ -51,6 +54,11 @@ class _Entry:
     pattern: str  # a regular expression searched in the upper-cased device name
     tflops: dict[str, float | None]
     source: str
+    fp8: float | None = None  # dense FP8 (e4m3) tensor-core TFLOP/s; None: no FP8 tensor cores, or not listed
+    memory_gb: float | None = None  # GB of GPU memory (10⁹ B)
+    memory_tbps: float | None = None  # memory bandwidth, TB/s (10¹² B/s)
+    link: str = ""  # GPU-to-GPU link as the datasheet names it
+    link_gbs: float | None = None  # its GB/s, both directions added, as datasheets print it
 
 
 #: Known GPUs, most specific pattern first. Names are as ``torch.cuda.get_device_name()`` / NVML print them.
@@ -63,41 +71,82 @@ PEAKS: tuple[_Entry, ...] = (
         {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
         "https://www.nvidia.com/en-us/data-center/h100/",
     ),
+    # H100 SXM: FP8 3,958*; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s.
     _Entry(
         "H100 SXM",
         r"H100",
         {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
         "https://www.nvidia.com/en-us/data-center/h100/",
+        fp8=1978.9,
+        memory_gb=80,
+        memory_tbps=3.35,
+        link="NVLink 4, 900 GB/s",
+        link_gbs=900,
     ),
-    # H200 SXM: the H100 SXM's tensor cores with more, faster memory: 67, 989*, 1979*, 1979*.
+    # H200 SXM: the H100 SXM's tensor cores with more, faster memory: 67, 989*, 1979*, 1979*, FP8 3,958*;
+    # 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
     _Entry(
         "H200 SXM",
         r"H200",
         {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
         "https://www.nvidia.com/en-us/data-center/h200/",
+        fp8=1978.9,
+        memory_gb=141,
+        memory_tbps=4.8,
+        link="NVLink 4, 900 GB/s",
+        link_gbs=900,
     ),
-    # A100 (SXM4 and PCIe, 40 and 80 GB): 19.5 fp32, 156 tf32, 312 bf16/fp16, dense.
+    # B200, one GPU of an HGX B200 (1,000 W): 75 fp32, 2.2 P* tf32, 4.5 P* bf16/fp16, 9 P* FP8
+    # (footnote: "Specification in sparse. Dense is one-half sparse spec shown"); 180 GB HBM3E at
+    # 7.7 TB/s; NVLink 5, 1.8 TB/s. (DGX B200's page rounds its bandwidth to 8 TB/s a GPU.)
+    _Entry(
+        "B200",
+        r"\bB200\b",
+        {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0},
+        "https://www.nvidia.com/en-us/data-center/hgx/",
+        fp8=4500.0,
+        memory_gb=180,
+        memory_tbps=7.7,
+        link="NVLink 5, 1,800 GB/s",
+        link_gbs=1800,
+    ),
+    # A100 (SXM4 and PCIe, 40 and 80 GB): 19.5 fp32, 156 tf32, 312 bf16/fp16, dense; no FP8. Memory and
+    # link: the SXM4 80 GB model, 2,039 GB/s HBM2e, NVLink 600 GB/s.
     _Entry(
         "A100",
         r"A100",
         {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        memory_gb=80,
+        memory_tbps=2.039,
+        link="NVLink 3, 600 GB/s (SXM4)",
+        link_gbs=600,
     ),
-    # L4 (Colab): 30.3 fp32, 120* tf32, 242* bf16/fp16.
+    # L4 (Colab): 30.3 fp32, 120* tf32, 242* bf16/fp16, 485* FP8 (Ada); 24 GB GDDR6 at 300 GB/s; no NVLink.
     _Entry(
         "L4",
         r"\bL4\b",
         {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
         "https://www.nvidia.com/en-us/data-center/l4/",
+        fp8=242.5,
+        memory_gb=24,
+        memory_tbps=0.3,
+        link="PCIe Gen4 x16, 64 GB/s",
+        link_gbs=64,
     ),
-    # T4 (Colab, Kaggle), Turing: 8.1 fp32, 65 fp16 tensor cores; no TF32, bf16 only emulated.
+    # T4 (Colab, Kaggle), Turing: 8.1 fp32, 65 fp16 tensor cores; no TF32, bf16 only emulated, no FP8.
+    # 16 GB GDDR6: "320+ GB/s" on the product page (the datasheet PDF prints 300 GB/s); no NVLink.
     _Entry(
         "T4",
         r"\bT4\b",
         {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0},
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
         "t4-tensor-core-datasheet-951643.pdf",
+        memory_gb=16,
+        memory_tbps=0.32,
+        link="PCIe Gen3 x16, 32 GB/s",
+        link_gbs=32,
     ),
     # V100, Volta: SXM2 15.7 fp32 / 125 fp16 tensor; PCIe 14 / 112; V100S PCIe 16.4 / 130.
     _Entry(

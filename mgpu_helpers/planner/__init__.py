@@ -1,4 +1,5 @@
-"""Used by notebooks 05d (and its graders), 05e, 05g (and its graders) and 08b: a parallelism planner.
+"""Used by notebooks 05d (and its graders), 05e, 05g (and its graders), 05h and 08b: a
+parallelism planner.
 Given a transformer, a workload and a cluster, it lists which layouts — data parallel (DP), ZeRO-1/2/3,
 tensor parallel (TP), context parallel (CP), pipeline parallel (PP) and their combinations — fit in one
 GPU's memory, what each sends per optimizer step, and a rough step time to rank them.
