@@ -36,7 +36,16 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-__all__ = ["CheckResult", "Exercise", "Wrong", "calls_during", "exercise", "exercises", "grade"]
+__all__ = [
+    "CheckResult",
+    "Exercise",
+    "Wrong",
+    "calls_during",
+    "exercise",
+    "exercises",
+    "grade",
+    "run_refusing",
+]
 
 
 class CheckResult:
@@ -249,3 +258,15 @@ def calls_during(
     finally:
         sys.setprofile(previous)
     return result, hits
+
+
+def run_refusing(work: Callable[..., Any], answer_keys: dict[CodeType, str], *args: Any) -> Any:
+    """``work(*args)``, raising :class:`Wrong` if it ran one of ``answer_keys`` (code object → its name
+    for the message) under whatever name (:func:`calls_during`)."""
+    result, codes = calls_during(work, answer_keys.__contains__, *args)
+    if codes:
+        raise Wrong(
+            f"your function ran {answer_keys[codes[0]]}, a ready-made answer (under another name); "
+            "write the formula."
+        )
+    return result

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..exercises import Wrong, calls_during, exercise
+from ..exercises import Wrong, exercise, run_refusing
 
 _FORBID = (
     "plan",
@@ -52,15 +52,8 @@ def _answer_keys() -> dict[Any, str]:
 
 
 def _run_watched(work: Callable[..., Any], *args: Any) -> Any:
-    """``work(*args)``, raising :class:`Wrong` if it ran one of :func:`_answer_keys` (under any name)."""
-    keys = _answer_keys()
-    result, codes = calls_during(work, keys.__contains__, *args)
-    used = [keys[code] for code in codes]
-    if used:
-        raise Wrong(
-            f"your function ran {used[0]}, a ready-made answer (under another name); write the formula."
-        )
-    return result
+    """``work(*args)``, refused if it ran one of :func:`_answer_keys` (under any name)."""
+    return run_refusing(work, _answer_keys(), *args)
 
 
 def _micro_batch_cases() -> list[tuple[Any, Any, Any, int]]:

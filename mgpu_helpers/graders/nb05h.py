@@ -14,7 +14,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from ..exercises import Wrong, calls_during, exercise
+from ..exercises import Wrong, exercise, run_refusing
 
 #: Peak FLOP/s and memory bytes/s pairs of the GPUs notebook 05h tabulates, with their formats' sizes.
 _GPUS = (
@@ -40,11 +40,8 @@ def _answer_keys() -> dict[Any, str]:
 
 
 def _run_watched(work: Callable[..., Any], *args: Any) -> Any:
-    keys = _answer_keys()
-    result, codes = calls_during(work, keys.__contains__, *args)
-    if codes:
-        raise Wrong(f"your function ran {keys[codes[0]]}, a ready-made answer (under another name).")
-    return result
+    """``work(*args)``, refused if it ran one of :func:`_answer_keys` (under any name)."""
+    return run_refusing(work, _answer_keys(), *args)
 
 
 def _compute_bound(m: int, peak: float, bandwidth: float, k: int, n: int, nbytes: int) -> bool:
