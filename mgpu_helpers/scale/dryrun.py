@@ -203,9 +203,8 @@ def dry_run(
                 y.sum().backward()
             if stage > 0:
                 dist.send(x.grad, dst=stages[stage - 1])
-            if (
-                zero < 2 and dp * cp > 1
-            ):  # plain data parallelism: average the gradients (DDP stops under fake)
+            # plain data parallelism: all-reduce the gradients by hand (DDP stops under the fake backend)
+            if zero < 2 and dp * cp > 1:
                 group = same_weights.get_group()
                 for p in params:
                     dist.all_reduce(local(p.grad), group=group)
