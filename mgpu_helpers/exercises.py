@@ -13,10 +13,12 @@ The grader is a function in :mod:`mgpu_helpers.graders` (module ``nb04a`` for id
 registered with :func:`exercise`; it runs the student's code (often on real processes) and raises
 :class:`Wrong` with a message that says *what* is off, never what the answer is. :func:`grade` prints
 
-* ``⏳ Exercise 04a.1 (title): not written yet — <hint>`` while the code still raises
-  ``NotImplementedError`` (or an answer is still ``None``),
+* ``⏳ Exercise 04a.1 (title): not written yet. <task>`` while the code still raises
+  ``NotImplementedError`` (or an answer is still ``None``): what to write and how it is checked, not how,
 * ``✅ Exercise 04a.1 (title): <what was checked>``, or
-* ``❌ Exercise 04a.1 (title): <what is wrong>. Hint: <hint>``,
+* ``❌ Exercise 04a.1 (title): <what is wrong>``: the grader's message, aimed at what failed. The
+  exercise's hint (the recipe) follows only from the third failed attempt in a kernel, or at once with
+  ``grade("04a.1", work, hint=True)``,
 
 and returns a :class:`CheckResult` (truthy when correct). It never raises for the student's mistakes,
 so "Run all" goes on. Reference solutions live outside the notebooks, in ``solutions/nbXX.py`` at the
@@ -75,10 +77,13 @@ class Wrong(Exception):
 
 @dataclass(frozen=True)
 class Exercise:
-    """One graded exercise: its id (``"04a.1"``), a short title, the hint and the grader function."""
+    """One graded exercise: its id (``"04a.1"``), a short title, the task (what to write and how it is
+    checked, shown while unwritten), the hint (how, shown on request or after repeated misses) and the
+    grader function."""
 
     id: str
     title: str
+    task: str
     hint: str
     grader: Callable[..., str | None]
     #: Names the student's code may not use: helpers that are the answer key (e.g. the package's own
@@ -87,27 +92,37 @@ class Exercise:
 
 
 _REGISTRY: dict[str, Exercise] = {}
+#: Failed attempts per exercise id in this Python process (a notebook's kernel): the hint comes with
+#: the ``HINT_AFTER``-th.
+_MISSES: dict[str, int] = {}
+HINT_AFTER = 3
 
 
 def exercise(
-    exercise_id: str, title: str, *, hint: str, forbid: tuple[str, ...] = ()
+    exercise_id: str, title: str, *, task: str, hint: str, forbid: tuple[str, ...] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the grader of ``exercise_id`` (e.g. ``"04a.1"``).
 
-    The grader receives what the student passed to :func:`grade`, raises :class:`Wrong` (or lets the
-    student's own exception through) when the work is not right, and may return a sentence saying
-    what was checked, printed after ✅. ``forbid`` names helpers that would be the answer key (the
-    package's own version of what the exercise asks for): work that uses one of them is not accepted.
+    ``task`` says what to write and how the grader checks it, never how to write it (it is what a
+    saved notebook shows under an unwritten exercise); ``hint`` is the recipe, shown only when asked
+    for or after repeated misses. The grader receives what the student passed to :func:`grade`,
+    raises :class:`Wrong` (or lets the student's own exception through) when the work is not right,
+    and may return a sentence saying what was checked, printed after ✅. ``forbid`` names helpers that
+    would be the answer key (the package's own version of what the exercise asks for): work that uses
+    one of them is not accepted.
     """
     if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
         raise ValueError(f"exercise id must look like '04a.1' (notebook, dot, number), not {exercise_id!r}")
-    if not isinstance(title, str) or not title.strip() or not isinstance(hint, str) or not hint.strip():
-        raise TypeError("title and hint must be non-empty strings")
+    texts = (title, task, hint)
+    if not all(isinstance(t, str) and t.strip() for t in texts):
+        raise TypeError("title, task and hint must be non-empty strings")
 
     def register(grader: Callable[..., Any]) -> Callable[..., Any]:
         if exercise_id in _REGISTRY and _REGISTRY[exercise_id].grader.__qualname__ != grader.__qualname__:
             raise ValueError(f"exercise {exercise_id} is registered twice")
-        _REGISTRY[exercise_id] = Exercise(exercise_id, title.strip(), hint.strip(), grader, tuple(forbid))
+        _REGISTRY[exercise_id] = Exercise(
+            exercise_id, title.strip(), task.strip(), hint.strip(), grader, tuple(forbid)
+        )
         return grader
 
     return register
@@ -192,12 +207,13 @@ def _arity_problem(grader: Callable[..., Any], work: tuple[Any, ...]) -> str:
     return ""
 
 
-def grade(exercise_id: str, *work: Any) -> CheckResult:
-    """Run the grader of ``exercise_id`` on the student's ``work`` and print ⏳ / ✅ / ❌ with a hint.
+def grade(exercise_id: str, *work: Any, hint: bool = False) -> CheckResult:
+    """Run the grader of ``exercise_id`` on the student's ``work`` and print ⏳ / ✅ / ❌.
 
     Args:
         exercise_id: the id printed in the exercise's heading, e.g. ``"04a.1"``.
         *work: what the exercise asks for (functions, classes, numbers), in the order it names them.
+        hint: print the exercise's hint (the recipe) now; otherwise it comes with the third miss.
     """
     match = _ID.match(exercise_id) if isinstance(exercise_id, str) else None
     if not match:
@@ -213,30 +229,46 @@ def grade(exercise_id: str, *work: Any) -> CheckResult:
         print(f"❌ {label}: grade() got {len(work)} piece(s) of work after the id; {wanted}")
         return CheckResult(False)
     if any(_unwritten(w) for w in work):
-        print(f"⏳ {label}: not written yet — {ex.hint}")
-        return CheckResult(False)
+        return _not_written(ex, label, hint)
     used = sorted({name for w in work for name in _names_used(w)} & set(ex.forbid))
     if used:
-        print(
-            f"❌ {label}: your code calls {', '.join(used)}, a ready-made answer to this exercise; write "
-            f"it yourself. "
-            f"Hint: {ex.hint}"
+        return _missed(
+            ex,
+            label,
+            f"your code calls {', '.join(used)}, a ready-made answer to this exercise; write it yourself.",
+            hint,
         )
-        return CheckResult(False)
     try:
         detail = ex.grader(*work)
     except NotImplementedError:
-        print(f"⏳ {label}: not written yet — {ex.hint}")
-        return CheckResult(False)
+        return _not_written(ex, label, hint)
     except Wrong as exc:
-        print(f"❌ {label}: {exc} Hint: {ex.hint}")
-        return CheckResult(False)
+        return _missed(ex, label, str(exc), hint)
     except Exception as exc:  # the student's code raised: feedback, not a crash
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-        print(f"❌ {label}: your code raised {type(exc).__name__}{_where(exc)}: {message} Hint: {ex.hint}")
-        return CheckResult(False)
+        return _missed(ex, label, f"your code raised {type(exc).__name__}{_where(exc)}: {message}", hint)
     print(f"✅ {label}: correct" + (f" — {detail}" if detail else "."))
     return CheckResult(True)
+
+
+def _not_written(ex: Exercise, label: str, hint: bool) -> CheckResult:
+    """⏳: what to write and how it is checked; the recipe only when asked for."""
+    more = f" Hint: {ex.hint}" if hint else " (Stuck? Add hint=True to the grade(...) call for a hint.)"
+    print(f"⏳ {label}: not written yet. {ex.task}{more}")
+    return CheckResult(False)
+
+
+def _missed(ex: Exercise, label: str, what: str, hint: bool) -> CheckResult:
+    """❌: the grader's message; the hint too on request or from the :data:`HINT_AFTER`-th miss."""
+    _MISSES[ex.id] = misses = _MISSES.get(ex.id, 0) + 1
+    what = what.strip() if what.strip().endswith((".", "?", "!")) else what.strip() + "."
+    if hint or misses >= HINT_AFTER:
+        more = f" Hint: {ex.hint}"
+    else:
+        left = HINT_AFTER - misses
+        more = f" (A hint follows after {left} more miss{'es' if left > 1 else ''}, or now with hint=True.)"
+    print(f"❌ {label}: {what}{more}")
+    return CheckResult(False)
 
 
 def calls_during(

@@ -244,8 +244,8 @@ def solution_entries(
     return found
 
 
-def graded(exercise_id: str, *work: Any) -> tuple[bool, str]:
-    """Run ``grade(exercise_id, *work)`` and return (passed, what it printed)."""
+def graded(exercise_id: str, *work: Any, hint: bool = False) -> tuple[bool, str]:
+    """Run ``grade(exercise_id, *work, hint=hint)`` and return (passed, what it printed)."""
     import contextlib
     import io
 
@@ -253,5 +253,5 @@ def graded(exercise_id: str, *work: Any) -> tuple[bool, str]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        ok = bool(grade(exercise_id, *work))
+        ok = bool(grade(exercise_id, *work, hint=hint))
     return ok, out.getvalue()

@@ -30,7 +30,12 @@ import mgpu_helpers.exercises as exercises_module
 from mgpu_helpers.exercises import Wrong, exercise, grade
 
 
-@exercise("98z.1", "sum of squares", hint="square each element, then add")
+@exercise(
+    "98z.1",
+    "sum of squares",
+    task="a function of a list of numbers returning the sum of their squares; checked on 3 lists.",
+    hint="square each element, then add",
+)
 def _grade_sum_of_squares(fn):
     for xs in ([1, 2, 3], [], [-2]):
         if fn(xs) != sum(x * x for x in xs):
@@ -42,16 +47,46 @@ def test_grade_reports_unwritten_correct_wrong_and_crashing_work(capsys):
     def unwritten(xs):
         raise NotImplementedError
 
+    exercises_module._MISSES.pop("98z.1", None)
     assert not grade("98z.1", unwritten)
     assert capsys.readouterr().out.startswith("⏳ Exercise 98z.1 (sum of squares): not written yet")
     assert grade("98z.1", lambda xs: sum(x * x for x in xs))
     assert capsys.readouterr().out == "✅ Exercise 98z.1 (sum of squares): correct — checked on 3 lists\n"
     assert not grade("98z.1", lambda xs: sum(xs))
     out = capsys.readouterr().out
-    assert out.startswith("❌") and "for [1, 2, 3] your function returned 6" in out and "square each" in out
+    assert out.startswith("❌") and "for [1, 2, 3] your function returned 6" in out
     assert not grade("98z.1", lambda xs: xs[len(xs)] ** 2)
     out = capsys.readouterr().out
-    assert "your code raised IndexError" in out and "Hint: square each" in out
+    assert "your code raised IndexError: list index out of range." in out
+
+
+def test_hints_come_in_steps_task_then_nudge_then_recipe(capsys):
+    """⏳ shows the task and no recipe; the first two misses show only the grader's message; the third,
+    or any call with hint=True, adds the hint."""
+
+    def unwritten(xs):
+        raise NotImplementedError
+
+    exercises_module._MISSES.pop("98z.1", None)
+    assert not grade("98z.1", unwritten)
+    out = capsys.readouterr().out
+    assert "sum of their squares; checked on 3 lists" in out and "square each" not in out
+    assert "hint=True" in out
+    assert not grade("98z.1", unwritten, hint=True)
+    assert "Hint: square each element, then add" in capsys.readouterr().out
+    for miss in (1, 2):
+        assert not grade("98z.1", lambda xs: sum(xs))
+        out = capsys.readouterr().out
+        assert "your function returned 6" in out and "square each" not in out, (miss, out)
+        assert f"after {3 - miss} more miss" in out
+    assert not grade("98z.1", lambda xs: sum(xs))
+    assert "Hint: square each element, then add" in capsys.readouterr().out  # the third miss
+    exercises_module._MISSES.pop("98z.1", None)
+    assert not grade("98z.1", lambda xs: sum(xs), hint=True)
+    assert "Hint: square each element, then add" in capsys.readouterr().out  # on request, at once
+    assert exercises_module._MISSES["98z.1"] == 1
+    assert not grade("98z.1", unwritten)  # unwritten work is not a miss
+    assert exercises_module._MISSES["98z.1"] == 1
 
 
 def test_grade_with_the_wrong_number_of_arguments_says_so_instead_of_blaming_the_code(capsys):
@@ -85,10 +120,18 @@ def test_grade_refuses_unknown_or_malformed_ids():
     with pytest.raises(ValueError, match="no graders for notebook 97"):
         grade("97.1", print)
     with pytest.raises(ValueError, match="registered twice"):
-        exercise("98z.1", "other", hint="h")(lambda fn: None)
+        exercise("98z.1", "other", task="t", hint="h")(lambda fn: None)
+    with pytest.raises(TypeError, match="title, task and hint"):
+        exercise("98z.3", "no task", task=" ", hint="h")
 
 
-@exercise("98z.2", "squares without the answer key", hint="square each element", forbid=("answer_key",))
+@exercise(
+    "98z.2",
+    "squares without the answer key",
+    task="a function returning the squares of a list; checked on [3].",
+    hint="square each element",
+    forbid=("answer_key",),
+)
 def _grade_squares(fn):
     if fn([3]) != [9]:
         raise Wrong("for [3] your function did not return [9].")

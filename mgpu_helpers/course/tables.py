@@ -14,7 +14,7 @@ MODULES: dict[str, str] = {
     "smoke test, start method, widget versions, the published stack it matches — and what the course does "
     "about each",
     "labels": '"measured / simulated / estimated" labels for every printed number',
-    "exercises": "`grade(id, work)`: runs a graded exercise's grader, prints ⏳ / ✅ / ❌ with a hint",
+    "exercises": "`grade(id, work)`: runs an exercise's grader, prints ⏳ / ✅ / ❌, a hint on request",
     "graders": "one grader module per notebook (runs the student's code for real; solutions live in "
     "`solutions/`)",
     "hardware": "what this machine has (CPU, RAM, GPUs via torch.cuda / NVML / GPUtil) and the one "

@@ -85,7 +85,7 @@ def _call(fn: Callable[..., Any], where: str, *args: Any) -> Any:
     except Exception as exc:
         raise Wrong(
             f"on {where} your function raised {type(exc).__name__}: {exc}. It should only ask torch "
-            "what it can use (torch.cuda.is_available(), torch.cuda.device_count()), not use a GPU."
+            "what it can use, not use a GPU: a pretend machine's GPUs exist only in torch's answers."
         ) from exc
 
 
@@ -106,6 +106,10 @@ def _device_ok(got: Any, gpus: int, where: str) -> None:
 @exercise(
     "00.1",
     "pick the device",
+    task="pick_device() returns a torch.device: the first CUDA GPU when PyTorch can use one, else the CPU. "
+    "Called on this machine, then on pretend machines with 0, 1, 2 and 4 GPUs (torch.cuda's and "
+    "torch.accelerator's answers replaced for the call, as on a CUDA build of torch); asking "
+    "mgpu_helpers.hardware instead is refused, and it may only ask, not use a GPU.",
     hint="ask torch whether CUDA is usable; the answer is a torch.device: the first GPU, else the CPU",
 )
 def _grade_pick_device(pick_device: Callable[[], Any]) -> str:
@@ -158,6 +162,13 @@ def _report_ok(report: Any, nprocs: int, gpus: int, where: str, backend: str) ->
 @exercise(
     "00.2",
     "report the machine",
+    task=(
+        "machine_report(nprocs) returns a dict: 'cpus' (the cores this process may run on), 'gpus' (the "
+        "CUDA GPUs PyTorch can use), 'backend' ('nccl' or 'gloo' for nprocs processes here). Checked "
+        "against describe_node() and choose_backend() here, then for 1, 2 and 4 processes on pretend 0-, "
+        "1-, 2- and 4-GPU machines and (on Linux) a container allowing 3 of 64 cores; asking "
+        "mgpu_helpers.hardware is refused."
+    ),
     hint=(
         "count the cores this process may use with os, the GPUs with torch.cuda; NCCL needs a GPU of its "
         "own for every process, gloo runs anywhere"

@@ -124,6 +124,10 @@ def _compare(answer: Any, env: dict[str, str], gpus: int) -> None:
 @exercise(
     "01.1",
     "who am I in a torchrun job",
+    task="whoami(env, gpus_per_node) returns a dict: the ints rank, local_rank, node_rank and world_size, "
+    "and device, 'cuda:<k>' (the GPU this process should use) when its node has a GPU for each of its "
+    "processes, else 'cpu'. Run in every rank of a real 2-node × 2-process torchrun job for 0, 1, 2 and 4 "
+    "GPUs per node, then for three ranks of a 3 × 8 job.",
     hint="torchrun describes each process in environment variables (section 5's table); the GPU index "
     "counts within a node, and NCCL needs a GPU for every process on the node",
     forbid=("_expected", "_compare"),  # this grader's answer key
@@ -258,6 +262,11 @@ def _measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, in
 @exercise(
     "01.2",
     "training bytes by category",
+    task="training_bytes(model, optimizer) predicts, before training, the bytes of 'parameters', "
+    "'gradients' and 'optimizer' state right after the first backward() and step(). Compared exactly with "
+    "MemoryTracker after one real step of five models and optimizers (Adam, AdamW, SGD with and without "
+    "momentum, a frozen layer, float64), widths drawn at grading time; running a step or the tracker "
+    "yourself, even on a copy, is refused.",
     hint="count numel × element_size() per parameter tensor; only parameters that require grad get "
     "gradients and optimizer state; what does each optimizer keep per parameter, and per tensor?",
     forbid=("MemoryTracker", "backward", "step", "deepcopy", "load_state_dict"),  # predict, do not measure

@@ -149,6 +149,10 @@ def _expected_mean(sizes: tuple[int, ...], seed: int) -> float:
 @exercise(
     "01b.1",
     "the global mean over ranks",
+    task="global_mean(x) returns on every rank the mean of all ranks' elements (a float or a 0-dim tensor), "
+    "leaves x unchanged and makes exactly one collective call, a dist.all_reduce. Run on 3 gloo ranks with "
+    "5/1/3, 5/1/6 and 2/2/2 float64 elements of fresh random values, collectives wrapped to count calls and "
+    "the size they carry; compared with the one-process mean to 1e-6.",
     hint="Is the mean of the ranks' means right when the ranks hold different numbers of elements? "
     "What else would every rank need to know, and can it travel in the same all-reduce?",
 )
@@ -233,6 +237,10 @@ def _shift_rank(
 @exercise(
     "01b.2",
     "a ring shift with send/recv",
+    task="ring_shift(x) sends rank r's x to rank r + 1 (the last to rank 0) and returns a new tensor, of "
+    "x's shape and dtype, holding what rank r - 1 sent. On 3 gloo ranks, with a float64 (1000,) and an "
+    "int64 (2, 3) tensor of fresh random values; collectives are refused, and a 3 s timeout turns a "
+    "deadlock into a message.",
     hint="Only point-to-point calls may move the tensor (send, recv, isend, irecv; no collective such as "
     "all_gather). If a rank times out instead: which of its calls is waiting, and what is its partner doing "
     "at that moment?",

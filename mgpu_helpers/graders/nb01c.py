@@ -108,6 +108,11 @@ def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
 @exercise(
     "01c.1",
     "Copy and Reduce",
+    task="Copy and Reduce, torch.autograd.Functions: Copy's output is its input, Reduce's the sum of the "
+    "ranks' partial sums; each direction passes its tensor on or runs one dist.all_reduce, never changing "
+    "what it was given. On 2 gloo ranks with fresh random data (a different layer per rank after Copy), "
+    "outputs and gradients are compared with one-process sums; CollectiveSpy checks each direction's "
+    "collectives and bytes.",
     hint="each forward or backward either passes its tensor on unchanged or adds the ranks' tensors in "
     "one dist.all_reduce (on a clone: never change what you were given); ask which direction has a "
     "different piece on every rank and which already holds the whole.",
@@ -205,9 +210,7 @@ def _script(sizes: list[int], world_size: int) -> None:
 
     a, b, c, d, e, f = sizes
     dist.all_reduce(torch.ones(a))
-    all_gather_single(
-        torch.empty(b * world_size, dtype=torch.float64), torch.ones(b, dtype=torch.float64)
-    )
+    all_gather_single(torch.empty(b * world_size, dtype=torch.float64), torch.ones(b, dtype=torch.float64))
     reduce_scatter_single(torch.empty(c), torch.ones(c * world_size))
     mesh = init_device_mesh("cpu", (world_size,))
     DTensor.from_local(torch.ones(d, 3), mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
@@ -246,6 +249,10 @@ def _spy_rank(rank: int, world_size: int, spy_cls: Any, seed: int) -> dict[str, 
 @exercise(
     "01c.2",
     "a spy of your own",
+    task="Spy, a TorchDispatchMode whose self.calls lists every all-reduce, all-gather and reduce-scatter "
+    "as (op, nbytes), nbytes being the full tensor's. On 2 gloo ranks, six collectives of random sizes (by "
+    "hand and through DTensor's redistribute) run under your spy and under CollectiveSpy, and the lists "
+    "must be equal; CollectiveSpy, CommDebugMode and the package's private _NAMES and _tensors are refused.",
     hint="name each collective from func.name() (the part after '::', underscores stripped, looked up in "
     "NAMES) and size the full tensor: the all-gather's output, the reduce-scatter's input, the "
     "all-reduce's one tensor; the c10d and the functional versions pass them in different places.",

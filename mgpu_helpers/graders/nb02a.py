@@ -54,6 +54,10 @@ def compare_grads(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], wh
 @exercise(
     "02a.1",
     "micro-batches across two devices",
+    task="forward of PipelinedTwoDeviceNet returns the unsplit model's output on dev1, computed in "
+    "micro-batches of self.split_size rows, part1 on dev0, part2 and fc on dev1. Built on ('cpu', 'cpu') "
+    "with split_size=64 and fed 200 rows: hooks count each part's rows per call, output and gradients are "
+    "compared with the unsplit model; built on ('cpu', 'meta'): each part must get its input on its device.",
     hint="split x into chunks of split_size rows (the last may be shorter); each chunk goes through part1 "
     "on dev0, then part2 and fc on dev1; concatenate the outputs in order.",
 )
@@ -173,7 +177,9 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
         if rank == 0 or not any(no_grad_inputs):
             raise
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        raise TypeError(f"{first_line} — did you call requires_grad_() on the received input?") from None
+        raise TypeError(
+            f"{first_line} — the received input does not require grad, so backward left its .grad None."
+        ) from None
     grads = {f"{rank}.{n}": p.grad.clone() for n, p in stage.named_parameters() if p.grad is not None}
     loss = float(loss) if isinstance(loss, (torch.Tensor, float, int)) else loss
     return {
@@ -188,6 +194,10 @@ def _gpipe_rank(rank: int, world_size: int, gpipe_step: Callable[..., Any]) -> d
 @exercise(
     "02a.2",
     "GPipe on p stages",
+    task="gpipe_step(rank, world_size, stage, x, y, m): one GPipe step of this rank's stage with send/recv, "
+    "returning the batch's MSE loss (a float) on the last stage, None elsewhere. On 3 gloo processes with m "
+    "= 4, x real only on rank 0 and y only on the last: hooks record each stage's passes, loss and "
+    "gradients are compared with the unsplit model. torch.distributed.pipelining is refused.",
     hint="a middle stage receives from rank - 1 and sends to rank + 1; run all m forwards before the first "
     "backward; the last stage's loss for each micro-batch counts 1/m of the batch's mean loss.",
     forbid=("run_order", "pipelining", "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "build_stage"),
@@ -209,8 +219,8 @@ def grade_gpipe_step(gpipe_step: Callable[..., Any]) -> str:
             )
         if rank > 0 and res["computed_here"]:
             raise Wrong(
-                f"stage {rank}'s input was computed on its own process (it has a grad_fn): a stage's input "
-                "is what dist.recv received from rank - 1, made a leaf with requires_grad_()."
+                f"stage {rank}'s input was computed on its own process (it has a grad_fn): a later stage's "
+                "input must be what it received from rank - 1, not the output of layers run on this rank."
             )
     model = nn.Sequential(*_model(_P))
     x, y = _batch()

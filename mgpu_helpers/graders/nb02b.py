@@ -78,6 +78,10 @@ def _run_orders_rank(
 @exercise(
     "02b.1",
     "the 1F1B order",
+    task="one_f_one_b(p, m) returns, per stage, its passes in 1F1B order as ('F', i) and ('B', i), i = 0 "
+    "... m - 1. Seven (p, m), some with m < p, run in the simulator (a backward costs 2 forwards): no "
+    "deadlock, no slower than GPipe, stage s never holding over p - s micro-batches; p = 2, m = 4 also runs "
+    "on 2 gloo processes against the unsplit model's gradients.",
     hint="a stage warms up with just enough forwards to keep the stages after it busy, then alternates one "
     "forward and one backward, and ends with the backwards it still owes; F and B of each micro-batch once.",
     forbid=(
@@ -158,6 +162,10 @@ def _train_rank(rank: int, world_size: int, train_stage: Callable[..., Any]) -> 
 @exercise(
     "02b.2",
     "train with Schedule1F1B",
+    task="train_stage(rank, world_size, stage_module, x, y, m, steps, lr) trains this rank's piece with "
+    "PipelineStage, Schedule1F1B (m micro-batches, MSE loss) and SGD at learning rate lr for steps steps; x "
+    "is real only on rank 0, y only on the last. On 2 gloo processes, 3 steps with m = 4: hooks check the "
+    "order of passes, and every parameter is compared with the unsplit model trained by SGD.",
     hint="§1 built one pipeline step with the real API; training repeats it, and an optimizer can only "
     "update the parameters this rank holds. What must happen to the gradients between two steps?",
     forbid=("run_order", "stage_order"),

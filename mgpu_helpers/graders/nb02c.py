@@ -106,6 +106,11 @@ def _embedding_rank(rank: int, world_size: int, fn: Callable[..., Any], seed: in
 @exercise(
     "02c.1",
     "a vocabulary-parallel embedding",
+    task="vocab_parallel_embedding(ids, weight_shard) returns on every rank what F.embedding(ids, "
+    "full_table) would (shape ids.shape + (h,)), with autograd reaching weight_shard, on plain tensors (no "
+    "DTensor). On 2 gloo ranks with a fresh 64 × 8 table and ids from both halves, outputs and each "
+    "weight_shard.grad are compared with nn.Embedding; CollectiveSpy checks the collectives and their "
+    "bytes, and no rank may copy another's rows.",
     hint="a rank can look up only the ids that fall in its own rows, numbered from 0 inside its shard; "
     "every other token must add nothing, and the ranks' partial results add up like a row-parallel "
     "layer's partial sums, in an all-reduce that autograd can go through.",
@@ -125,8 +130,8 @@ def grade_vocab_parallel_embedding(fn: Callable[..., Any]) -> str:
             raise Wrong(f"rank {rank} returned a {res['type']}, not a tensor of embeddings.")
         if "dtensor" in res:
             raise Wrong(
-                f"rank {rank}'s lookup went through DTensor, which does the masking and the all-reduce for "
-                "you: write them by hand on plain tensors."
+                f"rank {rank}'s lookup went through DTensor, which does this exercise's work for you: "
+                "write it by hand on plain tensors."
             )
         if tuple(res["out"].shape) != tuple(want.shape):
             raise Wrong(
@@ -268,6 +273,10 @@ def _plan_rank(rank: int, world_size: int, fn: Callable[..., Any], seed: int) ->
 @exercise(
     "02c.2",
     "a tensor-parallel plan",
+    task="shard_model(model, mesh) applies parallelize_module with a plan that splits every weight (embed "
+    "by vocabulary rows, each block's up and down, head) so that the model returns the full logits on every "
+    "rank. On 2 gloo ranks (3 blocks, fresh random weights) every weight must be sharded, logits and "
+    "gradients equal the unsplit model's, and CommDebugMode counts each block's forward collectives.",
     hint="give each layer a style by its role: which layers make a slice of the features and which take "
     "one in; then ask what layout the ids have on entry (what each rank holds of them) and what layout "
     "the logits must have on exit, and compare with each style's defaults.",

@@ -180,6 +180,11 @@ def _forward_case(
 @exercise(
     "03a.1",
     "nn.DataParallel's forward by hand",
+    task="data_parallel_forward(module, x, device_ids, output_device, dim=0) does what "
+    "nn.DataParallel(module, device_ids, output_device, dim)(x) does, without calling it. Up to four cases "
+    "(a batch of 30 on 2 devices, fewer chunks than devices, batch-second RNN input with dim=1, a subset of "
+    "3+ devices): hooks check each chunk ran on its own device's replica, in threads of their own; output "
+    "on output_device; outputs and gradients equal the unsplit model's.",
     hint="the four calls of section 3, in the order nn.DataParallel makes them (scatter first); a small "
     "batch can give fewer chunks than devices, and dim and output_device are arguments, not constants.",
     forbid=("DataParallel", "data_parallel", "VirtualDataParallel"),
@@ -275,6 +280,10 @@ def _batches(dev: Any) -> list[tuple[Tensor, Tensor]]:
 @exercise(
     "03a.2",
     "repair a DataParallel training loop",
+    task="train(model, batches, device_ids), the loss kept inside the wrapped module, returns each step's "
+    "loss; losses and final weights must equal plain training with F.cross_entropy on each whole batch, to "
+    "1e-9. Three steps on float64 batches of 12, 12 and 7 over all your devices: a hook checks each batch "
+    "was split one chunk per device, and DataParallel must gather per-device losses, not outputs.",
     hint="compare each step's loss with the plain model's on the same batch; what does the gathered "
     "vector hold, and how big is each device's chunk of the last batch?",
 )

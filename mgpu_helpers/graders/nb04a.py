@@ -120,6 +120,10 @@ def _ring_rank(rank: int, world_size: int, ring_all_reduce: Callable[[torch.Tens
 @exercise(
     "04a.1",
     "a ring all-reduce from send/recv",
+    task="`ring_all_reduce(tensor)` sums `tensor` over all ranks in place, like `dist.all_reduce`, with "
+    "point-to-point messages only. Checked on 3 gloo ranks with float64 tensors of shapes (1000,) and (3, 5) "
+    "against `dist.all_reduce`; the bytes each rank hands to send/isend must be 2(N-1)/N of the tensor "
+    "(within 5 %), all to its right neighbour, and no collective may run.",
     hint="the all-gather is all index arithmetic. After ring_reduce_scatter rank r owns the finished "
     "chunk (r + 1) % N. At each all-gather step a rank sends the newest finished chunk it has (its own at "
     "the first step, then the one it has just received) and receives the chunk its left neighbour sends, "
@@ -223,6 +227,10 @@ def _ddp_step_rank(rank: int, world_size: int, ddp_step: Callable[..., Any], see
 @exercise(
     "04a.2",
     "one DDP training step",
+    task="`ddp_step(rank, world_size, model, x, y)`: forward and backward through the DDP-wrapped `model` on "
+    "this rank's share of the batch, no optimizer step. On 2 gloo ranks from different weights, global "
+    "batches of 8 and 7: every rank's `p.grad` must equal one process's full-batch gradient from rank 0's "
+    "weights, each model may see only its share, and `p.grad` must average the ranks' own backward passes.",
     hint="Wrap the model in DistributedDataParallel and run it on this rank's share of the batch. DDP "
     "averages the ranks' gradients: with shares of 4 and 3 samples, how much does one sample weigh in the "
     "average of the two ranks' mean losses, and how much in the mean over all 7?",

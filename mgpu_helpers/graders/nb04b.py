@@ -51,6 +51,10 @@ def _shard_rank(rank: int, world_size: int, shard_epochs: Callable[..., Any], on
 @exercise(
     "04b.1",
     "repair a DDP training function",
+    task="Repair `shard_epochs(dataset, epochs)` and delete the marker line. On 2 gloo ranks, as two nodes "
+    "of one process and as one node of two, 24 items, 3 epochs: each process must pick a GPU its node has "
+    "and no other process there uses; in every epoch the ranks' items must be disjoint and cover the "
+    "dataset, and each rank's share must change from epoch to epoch.",
     hint="Follow one process through the grader's jobs (2 nodes x 1 GPU, then 1 node x 2 GPUs; 3 epochs): "
     "which GPU number does it pick, and does its node have that GPU? Which items does it see in an epoch, "
     "and which of them does the other rank see too? Does one epoch's order differ from the last one's?",
@@ -177,6 +181,10 @@ def _accum_rank(rank: int, world_size: int, accumulate: Callable[..., Any]) -> d
 @exercise(
     "04b.2",
     "gradient accumulation with no_sync()",
+    task="`accumulate(ddp_model, micro_batches)`: forward and backward on each of this rank's `(x, y)` "
+    "micro-batches in turn, leaving in `.grad` the gradient of the mean cross-entropy over all ranks' "
+    "samples. On 2 gloo ranks with 3 micro-batches of 4: each backward before the next forward, gradients "
+    "equal to one process's on all 24 samples, and exactly one DDP all-reduce per rank.",
     hint="Which of the backward passes should DDP not communicate for, and which one must it? "
     "And what must each micro-batch's loss be divided by, so that the accumulated sum is the mean over all "
     "of them?",

@@ -99,6 +99,11 @@ def _pair(answer: Any) -> tuple[float, float] | None:
 @exercise(
     "04c.1",
     "exact evaluation with a padded sampler",
+    task="`evaluate(model, dataset)` → `(loss, accuracy)` on every rank: the mean cross-entropy and the "
+    "accuracy over the whole dataset, each sample counted once, the model run on the rank's padded "
+    "`DistributedSampler` share. Checked on 2 and 3 gloo ranks with 25 samples against one process; each "
+    "model may see at most its share, and each rank must communicate, no more bytes for 73 samples than for "
+    "25.",
     hint="Where in the sampler's padded list of total_size indices does your rank's i-th sample sit, and "
     "which positions there are repeats? And when the ranks hold different numbers of real samples, is "
     "the mean of their means the mean over all samples?",
@@ -210,6 +215,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 @exercise(
     "04c.2",
     "SyncBatchNorm by hand",
+    task="`sync_batch_norm(x, bn)` → what `bn` (training mode) outputs on all ranks' rows together, updating "
+    "its running statistics as it would, with the whole batch's gradients. Checked in float64 on 2 ranks (3 "
+    "+ 5 rows) and 3 (2 + 4 + 6) against one `BatchNorm1d` on the whole batch: outputs, running statistics, "
+    "input and summed weight/bias gradients; the bytes each rank sends may not grow with 10 times the rows.",
     hint="Which sums must every rank know to get the statistics of the whole batch, and how many samples "
     "are there in all? Which variance goes into running_var? And does the backward pass of your "
     "all-reduce reach the other ranks?",

@@ -158,6 +158,12 @@ def _matches(values: torch.Tensor, local: list[torch.Tensor | None], bucket: lis
 @exercise(
     "04e.1",
     "buckets all-reduced during backward",
+    task="Finish `BucketedDDP(model, bucket_cap_bytes)`: after `backward()` and `finish()`, every rank's "
+    "`p.grad` is the ranks' average, each bucket all-reduced asynchronously during backward, every "
+    "iteration. On 2 gloo ranks from different weights, caps 1,000 and 12,000 B, two iterations each, "
+    "compared with one process on the whole batch; `dist.all_reduce` is wrapped: one call per "
+    "`make_buckets` bucket, `async_op=True`, the first before backward ends, no wait inside backward. "
+    "torch's DDP is refused.",
     hint="keep, per bucket, how many of its gradients are still to come; the post-accumulate hook of a "
     "parameter counts its bucket down, and the hook that brings a count to zero flattens that bucket and "
     "starts its all-reduce with async_op=True, keeping the handle and the flat tensor. finish() waits on "
@@ -210,9 +216,9 @@ def grade_overlap(cls: Any) -> str:
             got = sorted(c["bytes"] for c in calls)
             if got != want:
                 raise Wrong(
-                    f"{when}, rank {rank} all-reduced tensors of {got} bytes; the buckets of that cap hold "
-                    f"{want} bytes. Walk the parameters in reverse registration order and start a new bucket "
-                    "when the next gradient would take the current one past the cap."
+                    f"{when}, rank {rank} all-reduced tensors of {got} bytes; the buckets make_buckets "
+                    f"gives for that cap hold {want} bytes: each all-reduce carries one whole bucket, and "
+                    "each bucket goes once per iteration."
                 )
             for c in calls:
                 if not any(_matches(c["values"], cases[k]["local"], b, n) for b in buckets):
@@ -224,8 +230,8 @@ def grade_overlap(cls: Any) -> str:
             if cases[k]["during_backward"] == 0 or calls[0]["missing"] == 0:
                 raise Wrong(
                     f"{when}, rank {rank}'s first all-reduce started after backward had computed every "
-                    "gradient: start each bucket's all-reduce from the hook of its last gradient, while "
-                    "backward goes on with the earlier layers."
+                    "gradient: nothing was left for it to overlap with, so the buckets did not leave during "
+                    "backward."
                 )
     return (
         f"on {n} real gloo processes, from different weights, every rank's gradient equals one process's "
@@ -260,6 +266,10 @@ def _random_case(rng: random.Random) -> tuple[list[float], list[float]]:
 @exercise(
     "04e.2",
     "when does the step end?",
+    task="`step_end_ms(ready_ms, comm_ms)` → the millisecond at which the last bucket's all-reduce ends, on "
+    "one link that carries one all-reduce at a time, in bucket order. Checked on four fixed cases (queueing, "
+    "compute-bound, an idle link, one bucket) and 20 random ones drawn at grading time, to 1e-6 ms; calling "
+    "the grader's own timeline is refused.",
     hint="walk the buckets in order and keep one number: when the link becomes free. A bucket's "
     "all-reduce cannot start before its gradients are ready, nor before the previous all-reduce has "
     "left the link.",
@@ -272,7 +282,7 @@ def grade_step_end(step_end_ms: Callable[[list[float], list[float]], float]) -> 
     for ready, comm in [*_FIXED, *(_random_case(rng) for _ in range(20))]:
         got, own = calls_during(step_end_ms, lambda code: code is _step_end.__code__, list(ready), list(comm))
         if own:
-            raise Wrong("your step_end_ms calls the grader's own timeline: write the walk over the buckets.")
+            raise Wrong("your step_end_ms calls the grader's own timeline: compute the end time yourself.")
         want = _step_end(ready, comm)
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             raise Wrong(f"step_end_ms must return a number of milliseconds, not {type(got).__name__}.")

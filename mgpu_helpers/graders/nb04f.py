@@ -172,6 +172,12 @@ def _reference(widths: tuple[int, ...], seed: int, world_size: int) -> list[list
 @exercise(
     "04f.1",
     "a sharded Adam (ZeRO-1)",
+    task="Finish `ShardedAdam(params, lr)`: each rank keeps Adam state for its own share of the parameters "
+    "only, yet after `step()` every rank holds what one Adam on all samples gives. On 2 gloo ranks (MLP and "
+    "data drawn at grading): the parameters after each of 3 steps against `torch.optim.Adam`; the moments of "
+    "the optimizers it holds cover each element once over the ranks, about evenly; a mark added to what "
+    "`dist.all_gather`/`dist.broadcast` deliver must reach the parameters. `ZeroRedundancyOptimizer` is "
+    "refused.",
     hint="in __init__, cut the flattened parameters into N equal slices (pad the last) and build "
     "torch.optim.Adam over a Parameter holding your slice only. In step(): flatten the gradients, "
     "all-reduce and divide by N, give your slice's part to your Parameter's .grad, step your Adam, then "
@@ -237,8 +243,8 @@ def grade_sharded_adam(cls: Any) -> str:
                 "in a fourth step the grader marked what dist.all_gather (or all_gather_into_tensor) and "
                 f"dist.broadcast delivered to rank {rank} from the other rank, and rank {rank}'s parameters "
                 "did not change: the other rank's shard was computed locally, or it came through another "
-                "collective (an all_reduce of zero-padded slices sends twice an all-gather's bytes). Each "
-                "rank updates its shard only and receives the others' with dist.all_gather."
+                "collective (an all_reduce of zero-padded slices sends twice an all-gather's bytes). The "
+                "other rank's updated shard must reach this rank through dist.all_gather or dist.broadcast."
             )
     return (
         f"on {n} real gloo processes, a drawn MLP of {psi:,} parameters: equal to torch.optim.Adam on all "
@@ -263,6 +269,10 @@ _FIXED_SENT = ((9_924, 2, 4), (924_682, 2, 4), (7 * 10**9, 8, 2), (10**6, 1, 4),
 @exercise(
     "04f.2",
     "what one rank sends per step",
+    task="`bytes_sent(n_params, world_size, bytes_per_number, method)` → the bytes one rank sends per "
+    "training step on a ring, for `method` 'ddp', 'zero1_all_reduce' and 'zero1_reduce_scatter', padding "
+    "ignored. Checked for the three methods on 5 fixed cases (one with N = 1) and 8 drawn at grading time, "
+    "to a relative 1e-6; calling the grader's own count is refused.",
     hint="on a ring, each of the N ranks sends (N - 1)/N of the data once in a reduce-scatter and once in "
     "an all-gather; an all-reduce is a reduce-scatter followed by an all-gather. Count which collectives "
     "each method runs on Ψ numbers of bytes_per_number bytes.",

@@ -161,6 +161,11 @@ def _run_and_compare(step: Callable[..., object], max_norm: float, micro: bool) 
 @exercise(
     "05a.1",
     "an fp16 autocast + GradScaler training step with clipping",
+    task="`amp_step(model, optimizer, scaler, x, y, max_norm)` takes one fp16 mixed-precision step on `(x, "
+    "y)`, gradient norm clipped to `max_norm`. Run 4 times on the CPU (the grader's model, SGD, "
+    '`GradScaler("cpu")` at 2¹², max_norm 0.25): weights stay fp32 and move within 5 % of clipped fp32 '
+    "SGD, backward and the step run outside autocast, and a batch holding an inf is skipped, halving the "
+    "scale.",
     hint="only the forward pass and the loss belong inside torch.autocast; section 2 of the notebook says "
     "what the gradients still carry when backward returns, which matters to clipping and to the step.",
 )
@@ -174,6 +179,11 @@ def grade_amp_step(amp_step: Callable[..., object]) -> str:
 @exercise(
     "05a.2",
     "repair a gradient-accumulation step",
+    task="Repaired, `accumulated_amp_step(model, optimizer, scaler, micro_batches, max_norm)` equals one "
+    "step on the whole batch (the mean loss over all micro-batches). Checked on 4 calls of 4 micro-batches "
+    "of 16 rows, max_norm 2: a forward and a backward per micro-batch, weights within 5 % of 4 fp32 SGD "
+    "steps on the whole batches, and a call with an inf in one micro-batch skipped as a whole, the scale "
+    "halved once.",
     hint="compare what one call does with one step on the whole batch: the gradient that reaches the "
     "optimizer, and how many times the weights and the loss scale change.",
 )

@@ -118,6 +118,11 @@ def _as_budget(budget: Any, call: str) -> dict[str, float]:
 @exercise(
     "05b.1",
     "a per-rank memory budget, checked against a real sharded run",
+    task='`per_rank_bytes(n_params, world_size, setup)` → a dict of the bytes of `"parameters"`, '
+    '`"gradients"` and `"optimizer"` one rank holds in fp32 Adam training, for `setup` `"DDP"`, '
+    '`"ZeRO-1"` or `"FSDP2"`. For 2 ranks it must be within 5 % of what each rank of a real 2-process '
+    "gloo run holds after one step; for 4 and 8 within 1 % of the formulas of ZeRO's paper. The course's "
+    "predictor is refused.",
     hint="fp32 Adam keeps 4 bytes of weight, 4 of gradient and 8 of optimizer state per parameter; "
     "ask for each setup which of the three it divides among the ranks.",
     forbid=("predict_memory", "estimate", "_formula"),
@@ -201,6 +206,11 @@ _TARGETS = {2: 0.6, 4: 0.4}  # segments -> the largest allowed activation peak, 
 @exercise(
     "05b.2",
     "activation checkpointing in segments, to a memory target",
+    task="`checkpoint_in_segments(blocks, x, segments)` → the output of the `nn.Sequential` `blocks` on "
+    "`x`, run as `segments` equal groups of consecutive blocks, each checkpointed as one piece. On 12 "
+    "residual blocks with 2 and 4 segments: output and every gradient equal the plain blocks' (to 1e-6), at "
+    "most `segments` block inputs alive between forward and backward, activation peak ≤ 0.6× and 0.4× the "
+    "plain one. `checkpoint_sequential` is refused.",
     hint="checkpoint keeps only the input of whatever it runs and rebuilds that piece's intermediates in "
     "backward: the pieces you hand it decide how many inputs stay alive and how much is rebuilt at once.",
     forbid=("checkpoint_sequential",),

@@ -166,6 +166,11 @@ def _shard_rank(rank: int, world_size: int, shard: Callable[..., Any]) -> dict[s
 @exercise(
     "05c.1",
     "shard per block with a mixed-precision policy",
+    task="`shard(model, mesh, half)` returns the model with `embed`, each block and `head` as FSDP units "
+    "under the root, computing in `half` with fp32 gradient reduction, and keeping gathered after the "
+    "forward exactly the units backward needs at once. On 2 gloo ranks, bf16, an unstated block count: "
+    "units, fp32 `Shard(0)` parameters, compute and all-gather dtypes, the units left gathered, backward "
+    "all-gathers, and gradients within 5 % of fp32.",
     hint="fully_shard embed, each block and head first (each its own all-gather), the root last; every "
     "call takes the mesh and a MixedPrecisionPolicy (which dtype computes, which reduces the gradients); "
     "per unit, reshard_after_forward decides whether it is gathered again in backward: ask, for each "
@@ -353,6 +358,11 @@ def _by_hand_rank(
 @exercise(
     "05c.2",
     "one FSDP unit's all-gather and reduce-scatter by hand",
+    task="`gather_full(shard, rows)` → the full parameter from this rank's dim-0 piece and its row count; "
+    "`scatter_grad(full_grad)` → this rank's piece of the gradient averaged over the ranks. On 3 gloo "
+    "ranks, with fresh random weights sharded by FSDP2 (uneven pieces), they must return FSDP2's "
+    "`full_tensor()` and gradient shards, each call making exactly one all-gather or reduce-scatter of the "
+    "padded full size; DTensor and `fully_shard` are refused.",
     hint="all_gather_single and reduce_scatter_single need pieces of one size: pad every piece to "
     "ceil(rows / world size) rows with zeros before the collective and drop the padding after; FSDP2 "
     "averages the gradients, the collective sums them.",

@@ -91,6 +91,11 @@ def _largest(model: Any, work: Any, layout: Any, budget: int) -> tuple[int | Non
 @exercise(
     "05d.1",
     "the largest micro-batch that fits a GPU",
+    task="`largest_micro_batch(model, work, layout, budget)` → the largest valid micro-batch whose busiest "
+    "GPU needs at most `budget` bytes, or `None`. Compared exactly with the planner's hidden answer on 264 "
+    "configurations (three models, 11 layouts, 2 sequence lengths, 3 recomputation modes, sequence "
+    "parallelism on and off, 24 and 80 GiB; cases within 10⁻⁶ of the budget skipped). The planner's and the "
+    "memory module's estimators are refused, under any name.",
     hint="the state does not depend on b; a micro-batch's activations grow with b, the first stage keeps "
     "min(p, m) of them under 1F1B with m = global_batch / (dp·b), and only a b that divides "
     "global_batch / dp is a valid micro-batch.",
@@ -144,6 +149,11 @@ def _traffic_cases() -> list[tuple[Any, Any, Any]]:
 @exercise(
     "05d.2",
     "the bytes one GPU sends per step",
+    task='`bytes_sent(model, work, layout)` → `{"DP": …, "TP": …, "PP": …}`, the bytes one GPU sends '
+    "per optimizer step as section 2 models it, with exact ring factors. Compared kind by kind with the "
+    "planner's hidden estimate (to 10⁻⁶) on 78 configurations: three models, ZeRO 0–3, TP, PP and their "
+    "mixes, three batch shapes, selective and full recomputation. The planner's estimators are refused, "
+    "under any name.",
     hint="work from section 2's bullets and the by-hand cell under them: for each kind, which group does "
     "its collective run over (so what is n), which buffer does it move, and how often per step — once, or "
     "once per micro-batch? Then replace each ≈ by the exact ring factor; your function should reproduce "

@@ -128,6 +128,11 @@ def _check_comm(phase: str, calls: list[tuple[str, int]], act: int, rank: int) -
 @exercise(
     "05e.1",
     "a trainable sequence-parallel block",
+    task="`sp_block(x, norm, w1, b1, w2, b2, keep)`, built on your `GatherSeq` and `ScatterSeq`, returns "
+    "this rank's differentiable `(b, s/t, h)` output shard. On 2 gloo ranks, sizes and float64 values drawn "
+    "at grading: output and every gradient equal one process's unsplit block; LayerNorm sees the shard; "
+    "forward and backward each make one all-gather and one reduce-scatter of `(b, s, h)`, no activation "
+    "all-reduce. DTensor's redistribute is refused.",
     hint="GatherSeq.forward all-gathers the shards (dist.all_gather into a list, then torch.cat along "
     "dim 1) and its backward reduce-scatters the gradient's sequence chunks (dist.reduce_scatter); "
     "ScatterSeq is its mirror. In sp_block: norm(x) on the shard, GatherSeq, the fc1 slice with b1, gelu, "
@@ -274,9 +279,7 @@ class _RingWatch(_Watch):
         return out
 
 
-def _ring_rank(
-    rank: int, world: int, fn: Any, seed: int, b: int, d: int, block_bytes: int
-) -> dict[str, Any]:
+def _ring_rank(rank: int, world: int, fn: Any, seed: int, b: int, d: int, block_bytes: int) -> dict[str, Any]:
     q, k, v = _blocks(seed, rank, b, d)  # this rank's blocks only: no rank ever has the whole sequence
     with _RingWatch(block_bytes) as watch:
         out = fn(q, k, v)
@@ -297,6 +300,11 @@ def _nth(block: int) -> str:
 @exercise(
     "05e.2",
     "causal ring attention",
+    task="`causal_ring_attention(q, k, v)` → this rank's block of causal attention over the whole sequence, "
+    "from its own `(s/CP, d)` blocks. On 3 gloo ranks, float64 blocks drawn at grading, compared with "
+    "causal attention on the whole sequence (1e-10). Each rank is watched: only point-to-point messages of "
+    "at most one K/V block, no tensor the size of the whole sequence, no received block used after a later "
+    "one. `scaled_dot_product_attention` is refused.",
     hint="section 3's loop with src = (rank - step) % cp: when src > rank, skip merge (but still pass the "
     "block on); when src == rank, set the scores above the diagonal to -inf "
     "(torch.ones(n, n, dtype=torch.bool).triu(1)) before merge; when src < rank, merge the whole block. "
@@ -352,9 +360,9 @@ def grade_causal_ring(fn: Any) -> str:
             _, old, new = out["late"]
             raise Wrong(
                 f"rank {rank} used the block it received {_nth(old)} after it had already computed "
-                f"with the {_nth(new)}: it kept blocks for a second pass. Ring attention streams: merge "
-                "each block into o, m and den (online softmax) as soon as it arrives, pass it on and let it "
-                "go, so a rank holds only its own block and the one in hand however long the ring."
+                f"with the {_nth(new)}: it kept blocks for a second pass, so its memory grows with the ring. "
+                "A streaming ring is done with each block before it computes with the next, holding only its "
+                "own block and the one in hand however long the ring."
             )
     if not any(op == "send" for op, _ in ranks[-1]["calls"]):
         raise Wrong("the last rank sent nothing: every rank passes its blocks on around the ring.")

@@ -92,6 +92,11 @@ def _local_shape(t: torch.Tensor) -> tuple[int, ...]:
 @exercise(
     "05g.1",
     "a tensor-parallel plan with Megatron's traffic",
+    task="`plan()` → a new `parallelize_module` plan (module name → ParallelStyle) for one Llama block on "
+    "each call: `per_projection_plan()`'s shards with Megatron's traffic. Applied in a fake job to 2 blocks "
+    "of a random Llama shape, TP 2 then 4 on a (2, tp) mesh, one training step: each weight's local shape, "
+    "the RMSNorms whole, only all-reduces, their bytes equal to the planner's TP term. `tp_plan` is "
+    "refused.",
     hint="the extra all-reduces come from each ColwiseParallel wrapping its input for itself: give the "
     "attention and the MLP modules their input once, already as a replicated DTensor (torch has a "
     "ParallelStyle that prepares a module's inputs), so that autograd sums the projections' input "
@@ -166,6 +171,10 @@ def _measured(shape: Any, seq: int, batch: int, tp: int, rank: int) -> int:
 @exercise(
     "05g.2",
     "the bytes a Llama block keeps for backward",
+    task="`block_activation_bytes(shape, seq, batch, tp)` → the fp32 bytes (an int) one Llama block keeps "
+    "for backward on one rank of a `tp`-way group under `tp_plan()`, counted from the shape. Compared "
+    "exactly with what `SavedActivations` measures on 6 cases drawn at grading (random shapes and lengths, "
+    "batches 1 to 3, TP 1, 2 and 4); measuring a run instead is refused.",
     hint="go through section 5's list of saved tensors one by one and write each one's size from the shape's "
     "fields (hidden, heads, kv_heads, ffn) and seq; then ask of each whether TP splits it (it is computed "
     "from split weights) and whether it grows with the batch (not every one does).",
@@ -200,6 +209,10 @@ def grade_activations(fn: Any) -> str:
 @exercise(
     "05g.3",
     "the state one rank holds, before you run it",
+    task='`rank_state_bytes(shape, layout, blocks)` → a dict of the fp32 `"parameters"`, `"gradients"` '
+    'and `"optimizer"` (Adam) bytes one rank holds for `blocks` blocks of its stage. Compared exactly '
+    "with what `dry_run` measures on a random rank of 6 layouts (DP, TP, ZeRO-2, ZeRO-3, TP × FSDP, PP × "
+    "FSDP), shapes and 1 to 3 blocks drawn at grading; running a fake job instead is refused.",
     hint="start from the planner's state_bytes and look for what it leaves out, all of it shown in "
     "section 4: what Adam keeps besides its two moments, which weights TP leaves whole (and so who "
     "shards them), and what FSDP2 keeps between steps when it does not reshard after the forward.",

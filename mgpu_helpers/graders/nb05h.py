@@ -74,6 +74,10 @@ def _token_cases(rng: random.Random) -> list[tuple[float, float, int, int, int]]
 @exercise(
     "05h.1",
     "the fewest tokens that make a matrix product compute-bound",
+    task="`fewest_tokens(peak, bandwidth, k, n, nbytes)` → the smallest whole m ≥ 1 for which the (m × k) @ "
+    "(k × n) product is compute-bound, or `math.inf` if none is. Checked exactly, with fractions, on 84 "
+    "products (the table's GPUs on three shapes, 60 drawn at grading): your m must be compute-bound and m − "
+    "1 not. The grader's own answer is refused.",
     hint="write the product's FLOPs and the bytes it moves as functions of m; their ratio grows with m "
     "but towards a limit, and when that limit is below peak / bandwidth no m is enough.",
 )
@@ -113,6 +117,10 @@ def _mfu(
 @exercise(
     "05h.2",
     "a training step's model FLOPs utilisation",
+    task="`mfu(shape, seq_len, tokens, seconds, gpus, peak)` → the step's model FLOPs utilisation as a "
+    "fraction, with PaLM's model FLOPs of section 3. Compared (to 1e-9) with the definition on 69 steps: "
+    "the three Llama 3 shapes and 20 drawn ones, sequences of 2k, 8k and 128k tokens, 8 to 16,384 GPUs. The "
+    "grader's own formula is refused.",
     hint="MFU compares the FLOPs the model needs with what the GPUs could have done in that time: count "
     "both, per step and over all GPUs, and remember what attention adds per token.",
 )

@@ -120,6 +120,11 @@ def _without_optuna_studies() -> Iterator[None]:
 @exercise(
     "06a.1",
     "random search over a described space",
+    task="random_search(objective, space, n_trials, seed) returns the best configuration (a dict with "
+    "exactly the space's names) after one objective(config) call per trial, every value drawn from "
+    "np.random.default_rng(seed); Optuna's and Ray Tune's samplers are refused. Checked with 600 trials on "
+    "the grader's own mixed space (calls counted, each dimension's spread over its range, best returned, "
+    "seeding), then 9 trials on 40 seeds against a 3 × 3 log grid.",
     hint="treat each kind of dimension on its own scale: a log range is uniform in the exponent (section 2), "
     "a linear range in the value, a choice gives every option the same odds; and remember the best score",
 )
@@ -187,6 +192,11 @@ def _peak_only(config: dict[str, Any]) -> float:
 @exercise(
     "06a.2",
     "an objective ASHA can prune",
+    task="pruned_objective(trial, max_t): section 3's search space, a TrialRun(config, seed=trial.number) "
+    "trained for up to max_t epochs, its validation accuracy made known to the pruner after every epoch, the "
+    "final accuracy returned. Run in a 10-trial study under Optuna's SuccessiveHalvingPruner (max_t=4); the "
+    "grader checks the distributions, each trial's reported steps, when it asked the pruner and how it "
+    "ended, and the values against TrialRun.",
     hint="a pruner judges only what the trial told Optuna during training, and it cannot stop your loop "
     "itself: read how intermediate values and pruning work in Optuna's tutorial",
 )

@@ -191,8 +191,7 @@ def _check_checkpoints_hold_the_model(checkpoints: list[tuple[Any, dict[str, Any
             raise Wrong(
                 f"the checkpoint reported with epoch {epoch} does not hold the model's weights after that "
                 f"epoch (no tensor in its folder equals the weights of shapes {missing[:3]}): on another "
-                "machine a restarted trial can restore only what tune.get_checkpoint() hands back, "
-                "so save the run's state into the folder you pass to tune.Checkpoint.from_directory."
+                "machine a restarted trial can restore only what tune.get_checkpoint() hands back."
             )
 
 
@@ -239,6 +238,11 @@ def _check_resumed(trained: list[tuple[int, float]], epochs: int) -> None:
 @exercise(
     "06b.1",
     "a trainable that survives a crash",
+    task="trainable(config) trains TrialRun(config, TASK, seed=config['seed']) for config['max_epochs'] "
+    "epochs, reports loss and accuracy with a checkpoint after each, and, restarted by Tune, continues from "
+    "its last checkpoint. tune.Tuner runs it on the running Ray and crashes it once as epoch 3 of 4 starts, "
+    "deleting the files it saved outside checkpoints; every report must equal an uninterrupted run's, and "
+    "the restart must begin from the weights its checkpoint holds.",
     hint="a retried trial calls your function again from the top, and Tune can hand it the checkpoint "
     "reported last: read 'function API checkpointing' in Ray Tune's docs, and save everything that "
     "makes the next epoch what it would have been",
@@ -335,6 +339,10 @@ def grade_trainable(trainable: Callable[..., Any]) -> str:
 @exercise(
     "06b.2",
     "configure ASHA",
+    task="make_scheduler() returns an ASHAScheduler for trials of at most 32 epochs, ranked by their "
+    "reported 'accuracy' (higher is better) and compared at exactly three rungs: after 2, 8 and 32 epochs. "
+    "The grader checks its metric, mode and max_t, reads the rungs from Ray's scheduler, and feeds it a good "
+    "trial, then a poor one, which must be stopped at epoch 2.",
     hint="look at how Ray's ASHA places its rungs (section 2, and tuning.asha_milestones): which "
     "parameters decide where the first rung is, how far apart the rungs are, and where they end?",
 )

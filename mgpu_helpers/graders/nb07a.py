@@ -103,6 +103,11 @@ def _is_library(filename: str) -> bool:
 @exercise(
     "07a.1",
     "repair a leaking training loop",
+    task="Repair train_epoch(model, optimizer, batches) so that no batch's output or graph survives into the "
+    "next batch, while it still returns the mean loss and the accuracy as two Python floats. A fresh MLP "
+    "trains on 8 batches; after every optimizer.step() the grader reads the tracked tensor bytes, the live "
+    "autograd nodes and the Python objects your code holds; loss, accuracy and weights must match a "
+    "reference loop.",
     hint="measure before you change anything: mark a MemoryTracker after every step, as in §4.1, and see "
     "what grows — but the tracker counts tensor bytes only, and a loss kept after backward() holds its "
     "graph's nodes without bytes, so measuring cannot show every leak. Then ask, of everything the loop "
@@ -237,6 +242,10 @@ _CASES = (
 @exercise(
     "07a.2",
     "a batch-size finder that survives its own OOMs",
+    task="largest_fitting(step, upper) returns the largest size in 1 … upper for which step returns (0 if "
+    "none), calling step only with sizes in that range and at most ⌈log2(upper + 1)⌉ + 1 times. Checked on "
+    "10 simulated devices that raise real allocator OOMs (answers exact, calls counted, no failed step's "
+    "activations alive at the next call), and a non-OOM error (a shape bug) must come out of your function.",
     hint="only an out-of-memory error means 'too big' (is_oom, §2); let every other error through. Keep "
     "nothing of a failed step: decide inside except, act after it. A known upper bound already brackets "
     "the answer, so every call should halve the sizes still in doubt.",

@@ -69,6 +69,10 @@ def _run(fn: Callable[..., object], losses: list[list[float]]) -> list[object]:
 @exercise(
     "07b.1",
     "repair a distributed function that hangs",
+    task="Repair global_mean_loss(rank, world_size, losses_per_rank) so that it no longer hangs and every "
+    "rank returns the mean of all ranks' losses, knowing only its own list (the others are None). Run on 2 "
+    "gloo processes with a 2-second collective timeout, on losses drawn anew: even lists, then rank 0 with "
+    "one batch more; each rank's answer is compared with the mean of all the losses.",
     hint="every rank must call the same collectives, the same number of times, with tensors of the same "
     "shape — whatever its own number of batches. Reduce what the ranks have in common, not per batch.",
 )
@@ -148,6 +152,10 @@ def _write_cases(folder: str) -> tuple[dict[str, Callable[[], object]], list[str
 @exercise(
     "07b.2",
     "find where a call is stuck",
+    task="stuck_at(fn, after_s) calls fn() and, once it has returned, gives the stripped source line where "
+    "fn was blocked after_s seconds in (the innermost frame in fn's own file), or None if fn finished "
+    "sooner. Called with after_s=0.25 on functions written to a fresh file for each run: a 0.8 s sleep two "
+    "calls deep, an event wait, and one that returns at once.",
     hint="while fn is blocked it cannot report on itself: something other than the call has to read its "
     "stack after after_s seconds (§4.2), and must not fire once fn has returned.",
 )

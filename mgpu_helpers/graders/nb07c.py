@@ -89,6 +89,10 @@ def _check_answer(answer: object, want_rank: int, dumps_note: str, want_name: st
 @exercise(
     "07c.1",
     "find the rank that is behind in Flight Recorder dumps",
+    task="who_is_behind(dumps) returns (rank, profiling_name): the rank that issued the fewest collectives "
+    "and the collective the other ranks issued next. Called on real Flight Recorder dumps of a hung "
+    "3-process gloo job with a 4-entry ring buffer, then on the same dumps with the ranks relabelled, and "
+    "relabelled again with all-reduce and broadcast swapped; unmatched_collective is refused.",
     hint="compare the ranks' collective sequence numbers (collective_seq_id), not how many entries each "
     "dump holds: the recorder is a ring buffer and keeps only its last N entries.",
     forbid=("unmatched_collective",),  # §4's fallback reads the dumps this way: the answer key
@@ -191,6 +195,11 @@ def _ddp_job(rank: int, world_size: int, fn: Callable[..., object]) -> tuple[obj
 @exercise(
     "07c.2",
     "read DDP's all-reduces from a profile",
+    task="allreduce_sizes(ddp_model, x, y) profiles one training step (forward, F.cross_entropy, backward) "
+    "with torch.profiler and returns the sorted element counts of every all-reduce it made. On both ranks of "
+    "a 2-process gloo DDP job with small buckets, after a warm-up step, the grader checks that a profiler "
+    "recorded your forward and backward and that no communication hook was registered, and compares with its "
+    "own profile of the next step.",
     hint="profile with record_shapes=True; the backend's all-reduce events are named like "
     "'gloo:all_reduce' and their input shape is the bucket. A row of key_averages() can stand for "
     "several calls.",

@@ -180,6 +180,11 @@ def _check_layout(rank: int, name: str, lay: dict[str, Any] | None) -> None:
 @exercise(
     "08b.1",
     "TP over 'tp', FSDP2 over 'dp'",
+    task="parallelize(model, mesh) on a ('dp', 'tp') mesh: every block's up/down pair tensor-parallel over "
+    "'tp', the head whole under TP, FSDP2 over 'dp' with one unit per block and one for the root; it returns "
+    "the model. On 4 gloo ranks (2 × 2) with a float64 model drawn at grading: every placement read, one "
+    "step's loss and full gradients compared with one process's on the whole batch, a quarter of each "
+    "block's matrices per rank.",
     hint="section 2's two steps, in the same order, for a model of blocks: a TP plan with an entry for each "
     "block's pair (02c.2 wrote such plans) on the right sub-mesh, then one FSDP2 unit per block before the "
     "root (05c section 1) on the other. Return the model.",
@@ -210,8 +215,8 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
         if not all(r["units"]):
             raise Wrong(
                 f"on rank {rank}, blocks {[i for i, u in enumerate(r['units']) if not u]} are not FSDP units "
-                "of their own: call fully_shard on every block before the root (05c section 1), so that a "
-                "deep model gathers one block's weights at a time."
+                "of their own: the exercise asks for one unit per block besides the root (05c section 1), so "
+                "that a deep model gathers one block's weights at a time."
             )
     for rank, r in enumerate(ranks):
         if "error" in r:
@@ -299,6 +304,10 @@ def _random_params(rng: random.Random) -> dict[str, tuple[tuple[int, ...], int |
 @exercise(
     "08b.2",
     "state bytes on the busiest rank",
+    task="busiest_rank_bytes(params, dp, tp) returns an int: the bytes (fp32 weight, gradient, two Adam "
+    "states) that the busiest rank of a dp × tp mesh holds under section 2's layout, every split as "
+    "torch.chunk makes it. Compared exactly with the grader's count on section 4's model (2 × 2), then on 20 "
+    "random models with uneven shapes and dp, tp from 2 to 4.",
     hint="for each rank (d, t): a parameter split over 'tp' keeps its torch.chunk piece t of that dim, then "
     "FSDP2 keeps piece d of dim 0 of what is left; the other parameters only the dim-0 piece d. Count 16 "
     "bytes per number held (fp32 weight, gradient and two Adam states) and take the largest rank.",

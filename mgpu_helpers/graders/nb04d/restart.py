@@ -105,6 +105,11 @@ def _compare_042(seen: list[list[int]], final: list[float], reference: dict[str,
 @exercise(
     "04d.2",
     "repair a training loop that is not restart-safe",
+    task="Repair `train(model, optimizer, data, epochs, path)` and delete the marker line; each rank keeps "
+    "its half of the data, in a new order every epoch. On 2 gloo ranks, `train(epochs=1)` then "
+    "`train(epochs=4)` with a fresh model must resume and match 4 uninterrupted epochs; then, in an elastic "
+    "job killed while rank 0 writes its second snapshot, the restart must resume from the last complete one "
+    "with the same batches and final weights.",
     hint="Imagine the process killed at any line: while torch.save is writing, what is left on disk for the "
     "restart? And after a restart, which random numbers does the shuffle draw — the ones an uninterrupted "
     "run would have drawn in that epoch?",

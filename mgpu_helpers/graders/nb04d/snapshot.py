@@ -183,6 +183,11 @@ def _check_atomic_041(
 @exercise(
     "04d.1",
     "snapshot a full training state",
+    task="`save_snapshot(path, model, optimizer, scheduler, epoch)`, and `load_snapshot(path, model, "
+    "optimizer, scheduler)` → the epoch to go on at (0 without a file). In one process, a load must restore "
+    "an uninterrupted run's epoch, weights, AdamW moments, learning rate and RNG state, and a save killed "
+    "half-way through any write must leave a complete snapshot; then, in an elastic job where rank 1 dies, "
+    "each rank must resume its own state and end with the uninterrupted weights.",
     hint="List everything whose state changes while training and decides what the next step does — the "
     "weights are only one of them, and Dropout draws random numbers, different ones on each rank. Once the "
     "snapshot of epoch e is on disk, which epoch must the job go on at? And what is on disk if the machine "

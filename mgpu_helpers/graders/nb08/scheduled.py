@@ -105,13 +105,13 @@ def _check_work_per_rank(rows: list[dict[str, int]], epochs: int) -> None:
     evaluated = [r["eval"] + max(r["train"] - share, 0) for r in rows]  # evaluation with or without no_grad
     if all(n > 0 and n % _N_VAL == 0 for n in evaluated):
         raise Wrong(
-            f"every rank ran the model on all {_N_VAL} validation samples: each rank evaluates only its "
-            "own share, and an all-reduce of (correct, count) gives every rank the exact accuracy."
+            f"every rank ran the model on all {_N_VAL} validation samples: each rank should evaluate only "
+            "its own share, and every rank still report the exact accuracy of the whole set (section 2)."
         )
     if 0 in evaluated and max(evaluated) > 0:
         raise Wrong(
-            f"only rank {evaluated.index(max(evaluated))} ran the model on validation samples: each rank "
-            "evaluates its own share, and an all-reduce of (correct, count) combines them."
+            f"only rank {evaluated.index(max(evaluated))} ran the model on validation samples: every rank "
+            "should evaluate its own share of them (section 2)."
         )
 
 
@@ -155,6 +155,11 @@ def _check_shards(seen: list[list[int]], epochs: int) -> None:
 @exercise(
     "08.1",
     "DDP training with a schedule that survives a crash",
+    task="train_scheduled(rank, world_size, config): section 2's train with a OneCycleLR stepped after every "
+    "optimizer step, resuming a crashed run exactly; it returns the dict the exercise names. On 2 gloo "
+    "ranks, 4 epochs: data and evaluation shares, bf16 outputs, the accuracy (at least 0.85, exact for the "
+    "returned model) and the learning rates are checked; then rank 1 crashes in epoch 3, and the resumed run "
+    "must read only epochs 3 and 4 and end with an uninterrupted run's weights.",
     hint="start from section 2's train; a resumed run must continue exactly where the crashed one was: "
     "which objects change during training, and are they all in your checkpoint and restored from it?",
 )

@@ -44,6 +44,11 @@ def _state_dict(checkpoint: Any) -> Any:
 @exercise(
     "08.2",
     "a Tune trainable that ASHA can stop early",
+    task="trainable(config, data) trains as tune_trial does (config['lr'], config['epochs']) so that ASHA "
+    "can stop a poor learning rate after its first epoch, each report carrying a checkpoint of the model's "
+    "state_dict() in one file. Run by tune.Tuner on this notebook's Ray, lr 0.2 then 1e-5, 3 epochs, "
+    "grace_period=1: the grader checks what each trial reported and when (the good one must reach 0.8) and "
+    "recomputes each reported accuracy from its checkpoint.",
     hint="a scheduler can only judge a trial by what it has reported so far: what should your trainable "
     "report, on which data, and how often?",
 )
