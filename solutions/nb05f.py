@@ -1,10 +1,13 @@
-"""Reference solutions of notebook 05f's exercise and typical wrong attempts and shortcuts
+"""Reference solutions of notebook 05f's exercises and typical wrong attempts and shortcuts
 (run by tests/test_solutions.py, tests/test_shortcuts.py and tests/test_grader_variants.py).
 
-05f.1 asks for ``dispatch_combine(x, idx, gate, local_experts, rank, world_size)``: send one row per
-(token, chosen expert) pair to the rank that holds the expert with ``dist.all_to_all_single`` (counts
-first, then the rows, with the routing's split sizes), run the local experts, send the results back with
-the split sizes swapped, put them back in the tokens' order and combine them with the gates.
+05f.1 asks for the backward of ``AllToAll``, a differentiable ``dist.all_to_all_single``
+(``AllToAll.apply(x, recv_split, send_split)``; the notebook gives its forward, repeated here): it sends
+each received row's gradient back to the rank it came from, the same exchange with the split lists
+swapped. Then for ``dispatch_combine(x, idx, gate, local_experts, rank, world_size)``: send one row per
+(token, chosen expert) pair to the rank that holds the expert with it (counts first, then the rows, with
+the routing's split sizes), run the local experts, send the results back with the split sizes swapped, put
+them back in the tokens' order and combine them with the gates.
 """
 
 from __future__ import annotations
@@ -31,6 +34,77 @@ class AllToAll(torch.autograd.Function):
         return AllToAll.apply(grad, send_split, recv_split), None, None
 
 
+class AllToAllSplitsNotSwapped(torch.autograd.Function):
+    """Typical slip: the backward sends the gradients with the forward's split lists, as if the exchange
+    were its own reverse (it is only when every pair of ranks sends each other as many rows)."""
+
+    @staticmethod
+    def forward(ctx, x, recv_split, send_split):
+        ctx.splits = (recv_split, send_split)
+        out = x.new_empty(sum(recv_split), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), recv_split, send_split)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        recv_split, send_split = ctx.splits
+        return AllToAllSplitsNotSwapped.apply(grad, recv_split, send_split), None, None
+
+
+class AllToAllPlainBackward(torch.autograd.Function):
+    """A variant: the backward calls dist.all_to_all_single itself (no second Function on the way back)."""
+
+    @staticmethod
+    def forward(ctx, x, recv_split, send_split):
+        ctx.splits = (recv_split, send_split)
+        out = x.new_empty(sum(recv_split), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), recv_split, send_split)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        recv_split, send_split = ctx.splits
+        back = grad.new_empty(sum(send_split), *grad.shape[1:])
+        dist.all_to_all_single(back, grad.contiguous(), send_split, recv_split)
+        return back, None, None
+
+
+class TorchsFunctionalAllToAll:
+    """Shortcut: torch's differentiable all-to-all (the one section 3 uses) under the exercise's name."""
+
+    @staticmethod
+    def apply(x, recv_split, send_split):
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        return all_to_all_single_autograd(x, recv_split, send_split, dist.group.WORLD) * 1
+
+
+class TorchsPlainFunctionalAllToAll:
+    """Shortcut: torch's plain functional all_to_all_single, which records a backward too in torch 2.13."""
+
+    @staticmethod
+    def apply(x, recv_split, send_split):
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_to_all_single(x, recv_split, send_split, dist.group.WORLD) * 1
+
+
+class TorchsDeprecatedAllToAll:
+    """Shortcut: the deprecated ``torch.distributed.nn.functional.all_to_all_single``, differentiable and
+    built on dist.all_to_all_single, so the split sizes it sends are right."""
+
+    @staticmethod
+    def apply(x, recv_split, send_split):
+        import warnings
+
+        from torch.distributed.nn import functional
+
+        out = x.new_empty(sum(recv_split), *x.shape[1:])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return functional.all_to_all_single(out, x.contiguous(), recv_split, send_split)
+
+
 def expert_mlp(x, w1, w2):
     """One expert: a two-layer MLP."""
     return torch.relu(x @ w1) @ w2
@@ -54,7 +128,8 @@ def _owner(expert, n_local):
     return expert // n_local
 
 
-def _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner):
+def _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner, a2a=None):
+    a2a = a2a or AllToAll
     n_local = len(local_experts)
     T, k = idx.shape
     expert = idx.reshape(-1)  # pair i is token i // k, slot i % k
@@ -63,13 +138,18 @@ def _dispatch_combine(x, idx, gate, local_experts, rank, world_size, owner):
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
     send, recv = send_counts.tolist(), recv_counts.tolist()
-    x_in = AllToAll.apply(x[order // k], recv, send)
+    x_in = a2a.apply(x[order // k], recv, send)
     e_in = expert.new_empty(sum(recv))
     dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
     y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
-    y = AllToAll.apply(y_in, send, recv)
+    y = a2a.apply(y_in, send, recv)
     y = torch.empty_like(y).index_copy(0, order, y)  # row i of y belongs to pair order[i]
     return (y.view(T, k, -1) * gate[..., None]).sum(1)
+
+
+def dispatch_combine_plain_backward(x, idx, gate, local_experts, rank, world_size):
+    """The reference dispatch and combine, its rows sent with :class:`AllToAllPlainBackward`."""
+    return _dispatch_combine(x, idx, gate, local_experts, rank, world_size, _owner, AllToAllPlainBackward)
 
 
 def two_halves_owner(x, idx, gate, local_experts, rank, world_size):
@@ -102,24 +182,6 @@ def dispatch_combine_mask_grouping(x, idx, gate, local_experts, rank, world_size
     return (out.view(T, k, -1) * gate[..., None]).sum(1)
 
 
-def dispatch_combine_not_permuted_back(x, idx, gate, local_experts, rank, world_size):
-    """Typical slip: the results come back in the sorted order and are combined as if in token order."""
-    n_local = len(local_experts)
-    T, k = idx.shape
-    expert = idx.reshape(-1)
-    order = torch.argsort(expert, stable=True)
-    send_counts = torch.bincount(expert // n_local, minlength=world_size)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    send, recv = send_counts.tolist(), recv_counts.tolist()
-    x_in = AllToAll.apply(x[order // k], recv, send)
-    e_in = expert.new_empty(sum(recv))
-    dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
-    y_in = _run_local_experts(x_in, e_in, local_experts, rank * n_local)
-    y = AllToAll.apply(y_in, send, recv)  # still sorted by expert
-    return (y.view(T, k, -1) * gate[..., None]).sum(1)
-
-
 def one_top1_exchange_per_slot(x, idx, gate, local_experts, rank, world_size):
     """Shortcut: the notebook's top-1 function once per slot: k exchanges there and k back."""
     out = torch.zeros_like(x)
@@ -144,6 +206,29 @@ def _top1(x, idx, gate, local_experts, rank, world_size):
     y = AllToAll.apply(y_in, send, recv)
     y = torch.empty_like(y).index_copy(0, order, y)
     return gate * y
+
+
+def dispatch_combine_with_section_3s_exchange(x, idx, gate, local_experts, rank, world_size):
+    """Shortcut: the rows sent with torch's all_to_all_single_autograd, as section 3 does, not AllToAll."""
+    from torch.distributed import _functional_collectives as funcol
+
+    def torchs(rows, recv, send):
+        return funcol.all_to_all_single_autograd(rows, recv, send, dist.group.WORLD) * 1
+
+    n_local = len(local_experts)
+    T, k = idx.shape
+    expert = idx.reshape(-1)
+    order = torch.argsort(expert, stable=True)
+    send_counts = torch.bincount(expert // n_local, minlength=world_size)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send, recv = send_counts.tolist(), recv_counts.tolist()
+    x_in = torchs(x[order // k], recv, send)
+    e_in = expert.new_empty(sum(recv))
+    dist.all_to_all_single(e_in, expert[order].contiguous(), recv, send)
+    y = torchs(_run_local_experts(x_in, e_in, local_experts, rank * n_local), send, recv)
+    y = torch.empty_like(y).index_copy(0, order, y)
+    return (y.view(T, k, -1) * gate[..., None]).sum(1)
 
 
 def all_experts_on_every_rank(x, idx, gate, local_experts, rank, world_size):
@@ -269,19 +354,26 @@ def kept_graders_own(idx, n_experts, capacity_factor):
     return _kept(idx, n_experts, capacity_factor)
 
 
-SOLUTIONS = {"05f.1": (dispatch_combine,), "05f.2": (kept,)}
-WRONG = {"05f.1": (dispatch_combine_not_permuted_back,), "05f.2": (kept_token_order,)}
+SOLUTIONS = {"05f.1": (AllToAll, dispatch_combine), "05f.2": (kept,)}
+WRONG = {"05f.1": (AllToAllSplitsNotSwapped, dispatch_combine), "05f.2": (kept_token_order,)}
 SHORTCUTS = {
     "05f.1": {
-        "all_experts_on_every_rank": (all_experts_on_every_rank,),
-        "all_gather_every_token": (all_gather_every_token,),
-        "padded_fixed_splits": (padded_fixed_splits,),
-        "one_top1_exchange_per_slot": (one_top1_exchange_per_slot,),
-        "two_ranks_only_owner_by_halves": (two_halves_owner,),
+        "torchs_functional_all_to_all_as_AllToAll": (TorchsFunctionalAllToAll, dispatch_combine),
+        "torchs_deprecated_all_to_all_as_AllToAll": (TorchsDeprecatedAllToAll, dispatch_combine),
+        "torchs_plain_functional_all_to_all_as_AllToAll": (TorchsPlainFunctionalAllToAll, dispatch_combine),
+        "section_3s_torch_exchange_for_the_rows": (AllToAll, dispatch_combine_with_section_3s_exchange),
+        "all_experts_on_every_rank": (AllToAll, all_experts_on_every_rank),
+        "all_gather_every_token": (AllToAll, all_gather_every_token),
+        "padded_fixed_splits": (AllToAll, padded_fixed_splits),
+        "one_top1_exchange_per_slot": (AllToAll, one_top1_exchange_per_slot),
+        "two_ranks_only_owner_by_halves": (AllToAll, two_halves_owner),
     },
     "05f.2": {"graders_own_reference": (kept_graders_own,)},
 }
 VARIANTS = {
-    "05f.1": {"mask_grouping": (dispatch_combine_mask_grouping,)},
+    "05f.1": {
+        "mask_grouping": (AllToAll, dispatch_combine_mask_grouping),
+        "plain_all_to_all_in_the_backward": (AllToAllPlainBackward, dispatch_combine_plain_backward),
+    },
     "05f.2": {"cumsum_one_hot": (kept_cumsum,)},
 }

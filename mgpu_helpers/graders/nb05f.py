@@ -3,10 +3,11 @@ expert-parallel MoE layer (05f.1), run on 3 real gloo processes started with
 :func:`mgpu_helpers.launching.launch` (3, so that code that holds only on 2 ranks fails).
 
 05f.1 takes the student's ``AllToAll`` (a ``torch.autograd.Function``, ``AllToAll.apply(x, recv_split,
-send_split)``) and ``dispatch_combine(x, idx, gate, local_experts, rank, world_size)``. ``torch.distributed``
-is wrapped in the ranks while the student's code runs, forward and backward: only ``all_to_all_single``
-may run (no all-gather, all-reduce, broadcast, send/recv …), and torch's ready-made differentiable
-all-to-alls (``_functional_collectives.all_to_all_single_autograd``, the deprecated
+send_split)``, whose forward the notebook gives and whose backward the student writes) and
+``dispatch_combine(x, idx, gate, local_experts, rank, world_size)``. ``torch.distributed`` is wrapped in
+the ranks while the student's code runs, forward and backward: only ``all_to_all_single`` may run (no
+all-gather, all-reduce, broadcast, send/recv …), and torch's ready-made differentiable all-to-alls
+(``_functional_collectives.all_to_all_single_autograd``, the deprecated
 ``torch.distributed.nn.functional.all_to_all_single``) are refused.
 
 * ``AllToAll`` alone first: uneven split sizes drawn at grading time (not symmetric, and no rank receiving
@@ -367,9 +368,9 @@ def _moves(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @exercise(
     "05f.1",
     "a differentiable all-to-all, then dispatch and combine",
-    task="`AllToAll`, a `torch.autograd.Function` used as `AllToAll.apply(x, recv_split, send_split)`: the "
-    "rows of `x` go to the ranks as `dist.all_to_all_single` sends them, and the gradients of the rows that "
-    "arrive reach `x` on the ranks they came from; and `dispatch_combine(x, idx, gate, local_experts, rank, "
+    task="`AllToAll` (a `torch.autograd.Function`, `AllToAll.apply(x, recv_split, send_split)`; its forward, "
+    "section 2's exchange, is given) with its `backward` written: the gradients of the rows that arrived "
+    "must reach `x` on the ranks they came from; and `dispatch_combine(x, idx, gate, local_experts, rank, "
     "world_size)` → this rank's MoE output for top-k routing (`idx`, `gate`: `[T, k]`), experts split "
     "evenly over the ranks. On 3 gloo ranks, with sizes and float64 weights drawn at grading: `AllToAll` "
     "alone on uneven splits (rows and gradients), then `dispatch_combine` for top-1 and top-2 (output and "
@@ -377,16 +378,15 @@ def _moves(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "forward and backward: only `all_to_all_single`, moving exactly the rows given (for `dispatch_combine`: "
     "the routing's, one exchange there and one back); torch's ready-made differentiable all-to-alls are "
     "refused.",
-    hint="AllToAll.forward(ctx, x, recv_split, send_split): keep both split lists on ctx, allocate "
-    "sum(recv_split) rows and call dist.all_to_all_single(out, x.contiguous(), recv_split, send_split); "
-    "backward(ctx, grad): the gradient of each received row belongs to the rank that sent it, so return "
-    "AllToAll.apply(grad, send_split, recv_split) (the same exchange, split lists swapped) and None, None "
-    "for the two lists. dispatch_combine: make one row per (token, chosen expert) pair (idx.reshape(-1): "
-    "pair i is token i // k), order the pairs by destination rank (expert // experts per rank), exchange "
-    "the counts with all_to_all_single, send the rows with AllToAll.apply(rows, recv_counts, send_counts) "
-    "(and the expert ids, so the receiver knows which local expert runs each row), run the local experts, "
-    "send the results back with the two split lists swapped, put each result back at its pair's position "
-    "(undo the ordering) and sum each token's k results weighted by its gates.",
+    hint="AllToAll.backward(ctx, grad): the gradient of each row that arrived belongs to the rank that sent "
+    "the row, so send it back with the same exchange, the split lists swapped: take them from ctx.splits and "
+    "return AllToAll.apply(grad, send_split, recv_split), None, None (no gradient for the two lists). "
+    "dispatch_combine: make one row per (token, chosen expert) pair (idx.reshape(-1): pair i is token i // "
+    "k), order the pairs by destination rank (expert // experts per rank), exchange the counts with "
+    "all_to_all_single, send the rows with AllToAll.apply(rows, recv_counts, send_counts) (and the expert "
+    "ids, so the receiver knows which local expert runs each row), run the local experts, send the results "
+    "back with the two split lists swapped, put each result back at its pair's position (undo the ordering) "
+    "and sum each token's k results weighted by its gates.",
     forbid=("all_to_all_single_autograd",),
 )
 def grade_dispatch_combine(all_to_all: Any, fn: Any) -> str:
