@@ -32,22 +32,14 @@ def parallelize_swapped_mesh_dims(model, mesh):
 
 
 def busiest_rank_bytes(params, dp, tp):
-    def pieces(n, k):  # torch.chunk's sizes: ceil(n / k), the last ones shorter or empty
-        size = -(-n // k)
-        return [max(0, min(size, n - i * size)) for i in range(k)]
-
-    most = 0
-    for d in range(dp):
-        for t in range(tp):
-            held = 0
-            for shape, tp_dim in params.values():
-                local = list(shape)
-                if tp_dim is not None:
-                    local[tp_dim] = pieces(local[tp_dim], tp)[t]
-                local[0] = pieces(local[0], dp)[d]
-                held += math.prod(local)
-            most = max(most, 16 * held)  # fp32 weight + gradient + Adam's two states
-    return most
+    held = 0  # rank (0, 0): torch.chunk's first piece, ceil(n / k), of every split; no rank holds more
+    for shape, tp_dim in params.values():
+        local = list(shape)
+        if tp_dim is not None:
+            local[tp_dim] = -(-local[tp_dim] // tp)
+        local[0] = -(-local[0] // dp)
+        held += math.prod(local)
+    return 16 * held  # fp32 weight + gradient + Adam's two states
 
 
 def busiest_rank_bytes_even(params, dp, tp):
@@ -140,16 +132,25 @@ def parallelize_block_by_block(model, mesh):
     return model
 
 
-def busiest_rank_bytes_first_rank(params, dp, tp):
-    """Rank (0, 0) alone: torch.chunk's first piece is the largest along every dim, so it is the busiest."""
-    held = 0
-    for shape, tp_dim in params.values():
-        local = list(shape)
-        if tp_dim is not None:
-            local[tp_dim] = -(-local[tp_dim] // tp)
-        local[0] = -(-local[0] // dp)
-        held += math.prod(local)
-    return 16 * held
+def busiest_rank_bytes_every_rank(params, dp, tp):
+    """Every rank (d, t) counted with torch.chunk's sizes, the largest kept (it is rank (0, 0)'s)."""
+
+    def pieces(n, k):  # torch.chunk's sizes: ceil(n / k), the last ones shorter or empty
+        size = -(-n // k)
+        return [max(0, min(size, n - i * size)) for i in range(k)]
+
+    most = 0
+    for d in range(dp):
+        for t in range(tp):
+            held = 0
+            for shape, tp_dim in params.values():
+                local = list(shape)
+                if tp_dim is not None:
+                    local[tp_dim] = pieces(local[tp_dim], tp)[t]
+                local[0] = pieces(local[0], dp)[d]
+                held += math.prod(local)
+            most = max(most, 16 * held)
+    return most
 
 
 SOLUTIONS = {"08b.1": (parallelize,), "08b.2": (busiest_rank_bytes,)}
@@ -167,5 +168,5 @@ SHORTCUTS = {
 }
 VARIANTS = {
     "08b.1": {"block_by_block": (parallelize_block_by_block,)},
-    "08b.2": {"first_rank": (busiest_rank_bytes_first_rank,)},
+    "08b.2": {"every_rank": (busiest_rank_bytes_every_rank,)},
 }

@@ -1,6 +1,6 @@
 """Used by notebook 08b's exercises: a model parallelised on a 2 × 2 mesh, TP over ``"tp"`` and FSDP2 over
 ``"dp"`` (08b.1), run on 4 real gloo processes started with :func:`mgpu_helpers.launching.launch`, and
-the exact state bytes on the busiest rank of such a layout (08b.2), a plain function.
+the exact state bytes of rank (0, 0) of such a layout, the most any rank holds (08b.2), a plain function.
 
 08b.1 builds, on each of 4 ranks, a float64 model of residual blocks (``blocks[i].up``: width → hidden,
 ``blocks[i].down``: hidden → width) and a ``head``, its shape and weights drawn at grading time, and a
@@ -12,7 +12,8 @@ input features over ``"tp"``; every block an FSDP unit of its own (2 or 3 blocks
 ``blocks.0`` alone fails); each rank then holds a quarter of every block's matrices.
 
 08b.2 calls the student's ``busiest_rank_bytes(params, dp, tp)`` on the notebook's model and on random
-models with replicated parameters and uneven shapes, against ``torch.chunk``'s split.
+models with replicated parameters and uneven shapes, against the largest count over every rank of
+``torch.chunk``'s split (rank (0, 0)'s: the first piece of every split is the largest).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
     )
 
 
-# --- 08b.2: state bytes on the busiest rank -----------------------------------------------------------
+# --- 08b.2: a rank's state budget (rank (0, 0), the busiest) ------------------------------------------------
 
 #: The notebook's digits MLP: (shape, dim split over "tp" or None).
 _DIGITS = {
@@ -303,14 +304,14 @@ def _random_params(rng: random.Random) -> dict[str, tuple[tuple[int, ...], int |
 
 @exercise(
     "08b.2",
-    "state bytes on the busiest rank",
+    "a rank's state budget",
     task="busiest_rank_bytes(params, dp, tp) returns an int: the bytes (fp32 weight, gradient, two Adam "
-    "states) that the busiest rank of a dp × tp mesh holds under section 2's layout, every split as "
-    "torch.chunk makes it. Compared exactly with the grader's count on section 4's model (2 × 2), then on 20 "
-    "random models with uneven shapes and dp, tp from 2 to 4.",
-    hint="for each rank (d, t): a parameter split over 'tp' keeps its torch.chunk piece t of that dim, then "
-    "FSDP2 keeps piece d of dim 0 of what is left; the other parameters only the dim-0 piece d. Count 16 "
-    "bytes per number held (fp32 weight, gradient and two Adam states) and take the largest rank.",
+    "states) that rank (0, 0) of a dp × tp mesh holds under section 2's layout, every split as torch.chunk "
+    "makes it: section 4's budget per rank. Compared exactly with the grader's count on section 4's model "
+    "(2 × 2), then on 20 random models with uneven shapes and dp, tp from 2 to 4.",
+    hint="per parameter: the dim split over 'tp' keeps torch.chunk's first piece, ceil(n / tp); then "
+    "FSDP2 keeps the first piece, ceil(rows / dp), of dim 0 of what is left; a parameter TP leaves whole "
+    "keeps only that dim-0 piece. Count 16 bytes per number held (fp32 weight, gradient, two Adam states).",
 )
 def grade_busiest(busiest_rank_bytes: Callable[..., int]) -> str:
     """The notebook's model on 2 × 2, then 20 random models and meshes with uneven shapes."""
@@ -329,6 +330,6 @@ def grade_busiest(busiest_rank_bytes: Callable[..., int]) -> str:
             split = {n: d for n, (_, d) in params.items()}
             raise Wrong(
                 f"for dp={dp}, tp={tp} and the shapes {shapes} (split over 'tp' along {split}), you return "
-                f"{got:,} B; that is not what the busiest rank holds."
+                f"{got:,} B; that is not what rank (0, 0) holds."
             )
     return "your count matches torch.chunk's shards on the notebook's model and 20 random uneven ones."
