@@ -222,8 +222,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "05e",
         "05e_sequence_and_context_parallel.ipynb",
         "Sequence and context parallelism",
-        "Megatron sequence parallelism by hand (all-gather / reduce-scatter along the sequence) and with "
-        "torch's SequenceParallel; online softmax and ring attention over gloo ranks; the planner's CP",
+        "Megatron sequence parallelism by hand (all-gather / reduce-scatter along the sequence); online "
+        "softmax and ring attention over gloo ranks, its backward ring counted; the planner's CP",
         "2 and 3 gloo processes",
         "2 and 3 gloo processes on the CPU",
         "2 and 3 gloo processes on the CPU; torch's context_parallel needs CUDA (Going deeper)",
