@@ -1,5 +1,5 @@
-"""Used by notebooks 01c, 02c, 05c, 05e and 05g and the graders of 01c, 02c, 04c, 05c, 05e and 05g: the
-course's one communication spy.
+"""Used by notebooks 01c, 02c, 04f, 05c, 05e, 05f and 05g and the graders of 01c, 02c, 04a, 04c, 05c,
+05e and 05g: the course's one communication spy.
 
 :class:`CollectiveSpy` is the spy notebook 01c has the student write: a ``TorchDispatchMode`` that sees
 every collective a rank calls — by hand (``dist.all_reduce``), through DTensor, or inside FSDP2 — and

@@ -173,7 +173,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes on the CPU (the lesson's timings are CPU timings)",
         "2 gloo processes on the CPU; the text says what NCCL over NVLink changes",
-        helpers=("exercises", "hardware", "labels", "launching", "memory", "models"),
+        helpers=("collectives", "exercises", "launching", "memory", "models"),
     ),
     Notebook(
         "05a",
@@ -239,7 +239,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes on the CPU (the lesson is the routing)",
         "2 gloo processes on the CPU; the text says what the all-to-all costs over NVLink and between nodes",
-        helpers=("exercises", "launching"),
+        helpers=("collectives", "exercises", "launching"),
     ),
     Notebook(
         "05g",
