@@ -92,7 +92,6 @@ def pick_device_with_torch_accelerator():
     return torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")
 
 
-
 VARIANTS = {
     "00.1": {
         "device_by_name": (pick_device_by_name,),

@@ -34,16 +34,9 @@ class AllToAll(torch.autograd.Function):
         return AllToAll.apply(grad, send_split, recv_split), None, None
 
 
-class AllToAllSplitsNotSwapped(torch.autograd.Function):
+class AllToAllSplitsNotSwapped(AllToAll):
     """Typical slip: the backward sends the gradients with the forward's split lists, as if the exchange
     were its own reverse (it is only when every pair of ranks sends each other as many rows)."""
-
-    @staticmethod
-    def forward(ctx, x, recv_split, send_split):
-        ctx.splits = (recv_split, send_split)
-        out = x.new_empty(sum(recv_split), *x.shape[1:])
-        dist.all_to_all_single(out, x.contiguous(), recv_split, send_split)
-        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -51,15 +44,8 @@ class AllToAllSplitsNotSwapped(torch.autograd.Function):
         return AllToAllSplitsNotSwapped.apply(grad, recv_split, send_split), None, None
 
 
-class AllToAllPlainBackward(torch.autograd.Function):
+class AllToAllPlainBackward(AllToAll):
     """A variant: the backward calls dist.all_to_all_single itself (no second Function on the way back)."""
-
-    @staticmethod
-    def forward(ctx, x, recv_split, send_split):
-        ctx.splits = (recv_split, send_split)
-        out = x.new_empty(sum(recv_split), *x.shape[1:])
-        dist.all_to_all_single(out, x.contiguous(), recv_split, send_split)
-        return out
 
     @staticmethod
     def backward(ctx, grad):

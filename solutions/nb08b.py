@@ -4,6 +4,7 @@ tests/test_grader_variants.py)."""
 
 import math
 
+import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -133,24 +134,23 @@ def parallelize_block_by_block(model, mesh):
 
 
 def busiest_rank_bytes_every_rank(params, dp, tp):
-    """Every rank (d, t) counted with torch.chunk's sizes, the largest kept (it is rank (0, 0)'s)."""
+    """Every rank (d, t) counted from real torch.chunk pieces of meta tensors, the largest kept (it is
+    rank (0, 0)'s)."""
 
-    def pieces(n, k):  # torch.chunk's sizes: ceil(n / k), the last ones shorter or empty
-        size = -(-n // k)
-        return [max(0, min(size, n - i * size)) for i in range(k)]
+    def piece(w, k, i, dim):  # torch.chunk may return fewer than k pieces: the missing ones are empty
+        pieces = w.chunk(k, dim=dim)
+        return pieces[i] if i < len(pieces) else w.narrow(dim, 0, 0)
 
-    most = 0
-    for d in range(dp):
-        for t in range(tp):
-            held = 0
-            for shape, tp_dim in params.values():
-                local = list(shape)
-                if tp_dim is not None:
-                    local[tp_dim] = pieces(local[tp_dim], tp)[t]
-                local[0] = pieces(local[0], dp)[d]
-                held += math.prod(local)
-            most = max(most, 16 * held)
-    return most
+    def held(d, t):
+        total = 0
+        for shape, tp_dim in params.values():
+            w = torch.empty(shape, device="meta")
+            if tp_dim is not None:
+                w = piece(w, tp, t, tp_dim)
+            total += piece(w, dp, d, 0).numel()
+        return 16 * total
+
+    return max(held(d, t) for d in range(dp) for t in range(tp))
 
 
 SOLUTIONS = {"08b.1": (parallelize,), "08b.2": (busiest_rank_bytes,)}
