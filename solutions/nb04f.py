@@ -5,6 +5,8 @@ tests/test_grader_variants.py)."""
 import torch
 import torch.distributed as dist
 
+from mgpu_helpers.collectives import all_gather_single, reduce_scatter_single
+
 
 class ShardedAdam:
     """ZeRO-1, the notebook's layout: one flat vector of all parameters, padded to a multiple of N and cut
@@ -202,6 +204,20 @@ def bytes_sent_graders_own(n_params, world_size, bytes_per_number, method):
     return _sent(n_params, world_size, bytes_per_number, method)
 
 
+class ShardedAdamReduceScatter(ShardedAdam):
+    """Variant: section 5's ZeRO-1 at DDP's traffic, through the course's own helpers (04f's imports): a
+    reduce-scatter leaves each rank the sum of its slice only, an all-gather joins the updated slices."""
+
+    def step(self):
+        mine = torch.empty(self.shard_len, dtype=self.shard.dtype)
+        reduce_scatter_single(mine, self._flat([p.grad for p in self.params]))
+        self.shard.grad = mine / self.world
+        self.local.step()
+        flat = torch.empty(self.shard_len * self.world, dtype=self.shard.dtype)
+        all_gather_single(flat, self.shard.detach())
+        self._copy_back(flat)
+
+
 SOLUTIONS = {"04f.1": (ShardedAdam,), "04f.2": (bytes_sent,)}
 WRONG = {"04f.1": (ShardedAdamNoGather,), "04f.2": (bytes_sent_whole_message,)}
 SHORTCUTS = {
@@ -215,4 +231,9 @@ SHORTCUTS = {
     },
     "04f.2": {"graders_own_count": (bytes_sent_graders_own,)},
 }
-VARIANTS = {"04f.1": {"whole_parameters_greedy": (ShardedAdamWholeParameters,)}}
+VARIANTS = {
+    "04f.1": {
+        "whole_parameters_greedy": (ShardedAdamWholeParameters,),
+        "reduce_scatter_through_the_course_helpers": (ShardedAdamReduceScatter,),
+    }
+}
