@@ -178,10 +178,11 @@ def _reference(widths: tuple[int, ...], seed: int, world_size: int) -> list[list
     "the optimizers it holds cover each element once over the ranks, about evenly; a mark added to what "
     "`dist.all_gather`/`dist.broadcast` deliver must reach the parameters. `ZeroRedundancyOptimizer` is "
     "refused.",
-    hint="in __init__, cut the flattened parameters into N equal slices (pad the last) and build "
-    "torch.optim.Adam over a Parameter holding your slice only. In step(): flatten the gradients, "
-    "all-reduce and divide by N, give your slice's part to your Parameter's .grad, step your Adam, then "
-    "dist.all_gather every rank's updated slice and copy the pieces back into the model's parameters.",
+    hint="in __init__, cut the flattened parameters into N equal slices (section 2's flatten(params, N) "
+    "pads them; .chunk(N)[rank]) and build torch.optim.Adam over a Parameter holding your slice only. In "
+    "step(): flatten the gradients, all-reduce and divide by N, give your slice's part to your Parameter's "
+    ".grad, step your Adam, then dist.all_gather every rank's updated slice into the chunks of one flat "
+    "tensor and copy_into the model's parameters (section 2).",
     forbid=("ZeroRedundancyOptimizer",),
 )
 def grade_sharded_adam(cls: Any) -> str:
