@@ -18,6 +18,7 @@ makes a rank's memory grow with the ring).
 
 from __future__ import annotations
 
+import re
 import secrets
 import weakref
 from typing import Any
@@ -109,6 +110,51 @@ def _sp_rank(rank: int, world: int, fn: Any, seed: int, b: int, s: int, h: int) 
     }
 
 
+def _output_message(rank: int, world: int, got: Any, want: Any, b2: Any, keep: Any, diff: float) -> str:
+    """The ❌ text for a wrong output shard; names the slip it can recognise (b2 summed over the ranks)."""
+    summed = want + (world - 1) * b2.detach() * keep / (1 - _P_DROP)  # b2 went into the reduce-scatter
+    if torch.allclose(got, summed, rtol=1e-9, atol=1e-10):
+        return (
+            f"rank {rank}'s output is off by exactly {world - 1} × b2 (masked, / 0.9): b2 went into the "
+            f"reduce-scatter on every rank, which summed it {world} times. Add the whole fc2 bias once."
+        )
+    return (
+        f"rank {rank}'s output differs from the unsplit block's by up to {diff:.3g}. Is a term summed "
+        "over the ranks that should be added once (the reduce-scatter adds what every rank passes in), or "
+        "is a step of x + fc2(gelu(fc1(norm(x)))) · keep / 0.9 missing on the shard?"
+    )
+
+
+def _gradient_message(rank: int, grads: dict[str, Any], wrong: dict[str, bool]) -> str:
+    """The ❌ text for wrong gradients, from which of x, w1, b1, w2 are wrong (which backward is at fault)."""
+    names = ", ".join(n for n, bad in wrong.items() if bad)
+    missing = [n for n in ("w1", "b1", "w2") if grads[n] is None]
+    if missing:
+        return (
+            f"rank {rank}'s {', '.join(missing)} got no gradient: autograd did not go back through the "
+            "collectives. dist.all_gather and dist.reduce_scatter write into tensors autograd does not "
+            "track; call them inside GatherSeq.forward and ScatterSeq.forward, used through .apply, and "
+            "write each backward yourself."
+        )
+    if wrong["w2"]:
+        return (
+            f"rank {rank}'s gradients of {names} are wrong, so the gradient that ScatterSeq's backward "
+            "hands to fc2 is already wrong. The gradient of a reduce-scatter is an all-gather, and of an "
+            "all-gather a reduce-scatter."
+        )
+    if wrong["x"] and not (wrong["w1"] or wrong["b1"]):
+        return (
+            f"rank {rank}'s gradient of x is wrong, those of w1, b1 and w2 are right: the gradient going "
+            "back from fc1 to LayerNorm is wrong, so look at GatherSeq's backward (the gradient of an "
+            "all-gather is a reduce-scatter)."
+        )
+    return (
+        f"rank {rank}'s gradients of {names} are not its slices of the unsplit block's: check what each "
+        "backward returns (the gradient of an all-gather is a reduce-scatter, and of a reduce-scatter an "
+        "all-gather)."
+    )
+
+
 def _check_comm(phase: str, calls: list[tuple[str, int]], act: int, rank: int) -> None:
     big = [op for op, n in calls if op == "all_reduce" and n >= act // 2]
     if big:
@@ -168,15 +214,17 @@ def grade_sp_block(fn: Any) -> str:
             )
         diff = (out["y"] - want).abs().max().item()
         if not diff < 1e-10:
-            raise Wrong(f"rank {rank}'s output differs from the unsplit block's by up to {diff:.3g}.")
-        for name, (full, dim) in shards.items():
-            got, ref = out["grads"][name], full.chunk(world, dim)[rank]
-            if got is None or got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-9, atol=1e-10):
-                raise Wrong(
-                    f"rank {rank}'s gradient of {name} is "
-                    f"{'missing' if got is None else 'not its slice of the unsplit gradient'}: check what "
-                    "each backward returns (the gradient of an all-gather is a reduce-scatter)."
-                )
+            raise Wrong(
+                _output_message(rank, world, out["y"], want, fc2.bias, keep.chunk(world, 1)[rank], diff)
+            )
+        wrong = {
+            name: out["grads"][name] is None
+            or out["grads"][name].shape != full.chunk(world, dim)[rank].shape
+            or not torch.allclose(out["grads"][name], full.chunk(world, dim)[rank], rtol=1e-9, atol=1e-10)
+            for name, (full, dim) in shards.items()
+        }
+        if any(wrong.values()):
+            raise Wrong(_gradient_message(rank, out["grads"], wrong))
     for name, ref in whole.items():
         got = [r["grads"][name] for r in ranks]
         if any(g is None for g in got):
@@ -318,7 +366,16 @@ def grade_causal_ring(fn: Any) -> str:
     world, seed = 3, 1000 + secrets.randbelow(10**6)
     b, d = 4 + secrets.randbelow(2), 6 + 2 * secrets.randbelow(2)
     s, block_bytes = world * b, 2 * b * d * 8
-    ranks = run_ranks(_ring_rank, world, fn, seed, b, d, block_bytes)
+    try:
+        ranks = run_ranks(_ring_rank, world, fn, seed, b, d, block_bytes)
+    except Wrong as exc:  # a rank returned while its neighbours still sent to it or waited on it
+        if not re.search(r"Connection (closed|reset) by peer", str(exc)):
+            raise
+        raise Wrong(
+            "a rank left the ring while its neighbours were still sending to it or waiting for its blocks "
+            "(gloo: connection closed by peer). Every rank takes part in all CP − 1 passes, sending on "
+            "and receiving blocks it no longer computes with."
+        ) from None
     for rank, out in enumerate(ranks):
         others = sorted({op for op, _ in out["calls"]} - {"send", "recv"})
         if others:
@@ -348,6 +405,13 @@ def grade_causal_ring(fn: Any) -> str:
         if out["out"].shape != ref.shape:
             raise Wrong(
                 f"rank {rank} returned shape {tuple(out['out'].shape)}, not its block's {tuple(ref.shape)}."
+            )
+        nan_rows = int(out["out"].isnan().any(dim=-1).sum())
+        if nan_rows:
+            raise Wrong(
+                f"rank {rank}'s output has NaN in {nan_rows} of its {len(ref)} rows: those queries had no "
+                "allowed key, so den stayed 0 (0 / 0), or every score was −inf. Query i may see every key "
+                "j ≤ i, its own position included."
             )
         diff = (out["out"] - ref).abs().max().item()
         if not diff < 1e-10:
