@@ -375,12 +375,13 @@ def _moves(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "evenly over the ranks. On 3 gloo ranks, with sizes and float64 weights drawn at grading: `AllToAll` "
     "alone on uneven splits (rows and gradients), then `dispatch_combine` for top-1 and top-2 (output and "
     "the gradients of tokens, router and experts equal the unsplit layer). `torch.distributed` is wrapped, "
-    "forward and backward: only `all_to_all_single`, moving exactly the rows given (for `dispatch_combine`: "
-    "the routing's, one exchange there and one back); torch's ready-made differentiable all-to-alls are "
-    "refused.",
+    "forward and backward: the float rows move only with `all_to_all_single`, exactly the rows given (for "
+    "`dispatch_combine`: the routing's, in one exchange there and one back; the counts and the expert ids "
+    "may travel in exchanges of their own); torch's ready-made differentiable all-to-alls are refused.",
     hint="AllToAll.backward(ctx, grad): the gradient of each row that arrived belongs to the rank that sent "
-    "the row, so send it back with the same exchange, the split lists swapped: take them from ctx.splits and "
-    "return AllToAll.apply(grad, send_split, recv_split), None, None (no gradient for the two lists). "
+    "the row, so it goes back by the same exchange with the two split lists (saved in ctx.splits) swapped. "
+    "backward returns one value per input of forward: the gradients that come back, for x, then None for "
+    "recv_split and None for send_split. "
     "dispatch_combine: make one row per (token, chosen expert) pair (idx.reshape(-1): pair i is token i // "
     "k), order the pairs by destination rank (expert // experts per rank), exchange the counts with "
     "all_to_all_single, send the rows with AllToAll.apply(rows, recv_counts, send_counts) (and the expert "
@@ -519,6 +520,29 @@ def _kept(idx: torch.Tensor, n_experts: int, capacity_factor: float) -> torch.Te
     return keep
 
 
+def _first_difference(idx: torch.Tensor, n_experts: int, capacity_factor: float, got: torch.Tensor) -> str:
+    """The first (token, slot) pair, in the priority order, that ``got`` gets wrong, and why."""
+    n_tokens, k = idx.shape
+    capacity = math.ceil(capacity_factor * n_tokens * k / n_experts)
+    want = _kept(idx, n_experts, capacity_factor)
+    used = [0] * n_experts
+    for slot in range(k):
+        for t in range(n_tokens):
+            e = int(idx[t, slot])
+            if bool(got[t, slot]) != bool(want[t, slot]):
+                should, given = bool(want[t, slot]), bool(got[t, slot])
+                return (
+                    f"for idx={idx.tolist()}, {n_experts} experts and capacity factor {capacity_factor} "
+                    f"(capacity {capacity}: at most {capacity} (token, slot) pairs per expert), you keep "
+                    f"{got.int().tolist()}. The first pair that differs, in the priority order (every first "
+                    f"choice in token order, then every second choice): token {t}, slot {slot}, for expert "
+                    f"{e}, which by then holds {used[e]} of its {capacity} pairs, so it should be {should}, "
+                    f"not {given}."
+                )
+            used[e] += bool(want[t, slot])
+    raise AssertionError("no difference")  # pragma: no cover
+
+
 def _random_route(gen: torch.Generator) -> tuple[torch.Tensor, int, float]:
     n_experts = int(torch.randint(2, 7, (), generator=gen))
     k = int(torch.randint(1, 3, (), generator=gen))
@@ -561,9 +585,5 @@ def grade_kept(kept: Callable[[torch.Tensor, int, float], Any]) -> str:
                 f"{tuple(want.shape)}."
             )
         if not torch.equal(got, want):
-            capacity = math.ceil(factor * idx.numel() / n_experts)
-            raise Wrong(
-                f"for idx={idx.tolist()}, {n_experts} experts and capacity factor {factor} (capacity "
-                f"{capacity}), you keep {got.int().tolist()}: not the pairs that fit, first choices first."
-            )
+            raise Wrong(_first_difference(idx, n_experts, factor, got))
     return "the kept slots match experts of capacity ceil(c·T·k/E), first choices first, on 23 routings."
