@@ -173,7 +173,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "2 gloo processes",
         "2 gloo processes on the CPU (the lesson's timings are CPU timings)",
         "2 gloo processes on the CPU; the text says what NCCL over NVLink changes",
-        helpers=("collectives", "exercises", "launching", "memory", "models"),
+        helpers=("collectives", "exercises", "hardware", "launching", "memory", "models"),
     ),
     Notebook(
         "05a",
