@@ -101,6 +101,19 @@ def parallelize_first_block_only(model, mesh):
     return model
 
 
+def parallelize_fsdp_before_tp(model, mesh):
+    """Section 2's two steps swapped: FSDP2 over "dp" first, then TP over "tp" (torch refuses)."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    plan = {}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.up"] = ColwiseParallel()
+        plan[f"blocks.{i}.down"] = RowwiseParallel()
+    parallelize_module(model, mesh["tp"], plan)
+    return model
+
+
 def parallelize_root_unit_only(model, mesh):
     """Section 2's single FSDP2 unit for the whole model: no unit per block, as the exercise asks."""
     plan = {}
@@ -163,6 +176,7 @@ SHORTCUTS = {
         "fsdp_on_the_whole_mesh": (parallelize_fsdp_on_the_whole_mesh,),
         "first_block_only": (parallelize_first_block_only,),
         "root_unit_only": (parallelize_root_unit_only,),
+        "fsdp_before_tp": (parallelize_fsdp_before_tp,),
     },
     "08b.2": {"planner_even_split": (busiest_rank_bytes_planner,)},
 }

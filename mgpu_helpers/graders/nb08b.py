@@ -11,9 +11,11 @@ parameter must be sharded over ``"dp"``; each block's ``up`` split by output fea
 input features over ``"tp"``; every block an FSDP unit of its own (2 or 3 blocks, so that a plan for
 ``blocks.0`` alone fails); each rank then holds a quarter of every block's matrices.
 
-08b.2 calls the student's ``busiest_rank_bytes(params, dp, tp)`` on the notebook's model and on random
-models with replicated parameters and uneven shapes, against the largest count over every rank of
-``torch.chunk``'s split (rank (0, 0)'s: the first piece of every split is the largest).
+08b.2 calls the student's ``busiest_rank_bytes(params, dp, tp)`` on the notebook's 5-row layer and model
+and on random models with replicated parameters and rows that ``"dp"`` splits unevenly (hidden sizes divide
+by ``tp``: torch's parallel styles fail in forward on an uneven TP split), against the largest count over
+every rank of ``torch.chunk``'s split (rank (0, 0)'s: the first piece of every split is the largest); on a
+mismatch it names the first parameter counted wrong, with the expected bytes.
 """
 
 from __future__ import annotations
@@ -93,7 +95,12 @@ def _step_rank(rank: int, world_size: int, parallelize: Any, case: dict[str, int
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # a wrong plan's shapes
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     model = _net(case)
-    out = parallelize(model, mesh)
+    try:
+        out = parallelize(model, mesh)
+    except ValueError as exc:  # TP applied to parameters FSDP2 already made DTensors on mesh["dp"]
+        if "Cannot distribute a DTensor with device mesh" not in str(exc):
+            raise
+        return {"order": str(exc).splitlines()[0][:200]}
     module = out if isinstance(out, nn.Module) else model
     layouts = {n: _layout(p) for n, p in model.named_parameters()}
     units = [isinstance(block, FSDPModule) for block in model.blocks]
@@ -210,6 +217,12 @@ def grade_parallelize(parallelize: Callable[[nn.Module, Any], Any]) -> str:
     params = dict(reference.named_parameters())
     order = sorted(params, key=lambda n: _tp_placement(n) is not None)  # the replicated ones say more
     for rank, r in enumerate(ranks):
+        if "order" in r:
+            raise Wrong(
+                f"on rank {rank}, parallelize raised ValueError: {r['order']} TP was asked to split "
+                "parameters that FSDP2 had already made DTensors on mesh['dp']: apply TP first, then FSDP2 "
+                "(section 2)."
+            )
         for name in order:
             _check_layout(rank, name, r["layouts"].get(name))
     for rank, r in enumerate(ranks):
@@ -290,10 +303,16 @@ def _busiest(params: dict[str, tuple[tuple[int, ...], int | None]], dp: int, tp:
     return best
 
 
-def _random_params(rng: random.Random) -> dict[str, tuple[tuple[int, ...], int | None]]:
+#: Section 4's nn.Linear(8, 5) under FSDP2 on 2 ranks (a 2 × 1 mesh): rank 0 holds 3 rows, 432 B.
+_FIVE_ROWS = {"weight": ((5, 8), None), "bias": ((5,), None)}
+
+
+def _random_params(rng: random.Random, tp: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """Hidden sizes divide by ``tp`` (torch's parallel styles fail in forward on an uneven TP split);
+    the rows FSDP2 splits over "dp" mostly do not."""
     params: dict[str, tuple[tuple[int, ...], int | None]] = {}
     for i in range(rng.randint(1, 3)):
-        width, hidden = rng.randint(3, 40), rng.randint(3, 90)
+        width, hidden = rng.randint(3, 40), tp * rng.randint(1, 90 // tp)
         params[f"blocks.{i}.up.weight"] = ((hidden, width), 0)
         params[f"blocks.{i}.up.bias"] = ((hidden,), 0)
         params[f"blocks.{i}.down.weight"] = ((width, hidden), 1)
@@ -307,29 +326,47 @@ def _random_params(rng: random.Random) -> dict[str, tuple[tuple[int, ...], int |
     "a rank's state budget",
     task="busiest_rank_bytes(params, dp, tp) returns an int: the bytes (fp32 weight, gradient, two Adam "
     "states) that rank (0, 0) of a dp × tp mesh holds under section 2's layout, every split as torch.chunk "
-    "makes it: section 4's budget per rank. Compared exactly with the grader's count on section 4's model "
-    "(2 × 2), then on 20 random models with uneven shapes and dp, tp from 2 to 4.",
+    "makes it: section 4's budget per rank. Compared exactly with the grader's count on section 4's 5-row "
+    "layer (2 × 1) and model (2 × 2), then on 20 random models whose 'dp' splits are uneven, dp and tp from "
+    "2 to 4; a miss names the first parameter counted wrong.",
     hint="per parameter: the dim split over 'tp' keeps torch.chunk's first piece, ceil(n / tp); then "
     "FSDP2 keeps the first piece, ceil(rows / dp), of dim 0 of what is left; a parameter TP leaves whole "
     "keeps only that dim-0 piece. Count 16 bytes per number held (fp32 weight, gradient, two Adam states).",
 )
 def grade_busiest(busiest_rank_bytes: Callable[..., int]) -> str:
-    """The notebook's model on 2 × 2, then 20 random models and meshes with uneven shapes."""
+    """Section 4's 5-row layer (2 × 1) and model (2 × 2), then 20 random models with uneven "dp" splits."""
     if not callable(busiest_rank_bytes):
         raise Wrong(f"pass the function busiest_rank_bytes itself, not {type(busiest_rank_bytes).__name__}")
     rng = random.Random(secrets.randbits(32))
     meshes = [(rng.choice((2, 3, 4)), rng.choice((2, 3, 4))) for _ in range(20)]
-    cases = [(_DIGITS, 2, 2)] + [(_random_params(rng), dp, tp) for dp, tp in meshes]
-    for params, dp, tp in cases:
+    cases = [(_FIVE_ROWS, 2, 1), (_DIGITS, 2, 2)] + [(_random_params(rng, tp), dp, tp) for dp, tp in meshes]
+    for k, (params, dp, tp) in enumerate(cases):
         got = busiest_rank_bytes(dict(params), dp, tp)
         want = _busiest(params, dp, tp)
         if not isinstance(got, int) or isinstance(got, bool):
             raise Wrong(f"busiest_rank_bytes must return a whole number of bytes, not {type(got).__name__}.")
-        if got != want:
-            shapes = {n: s for n, (s, _) in params.items()}
-            split = {n: d for n, (_, d) in params.items()}
-            raise Wrong(
-                f"for dp={dp}, tp={tp} and the shapes {shapes} (split over 'tp' along {split}), you return "
-                f"{got:,} B; that is not what rank (0, 0) holds."
+        if got == want:
+            continue
+        case = ("section 4's 5-row layer, " if k == 0 else "section 4's model, " if k == 1 else "") + (
+            f"dp={dp}, tp={tp}"
+        )
+        for name, (shape, tp_dim) in params.items():  # the first parameter counted wrong, alone
+            one, want_one = (
+                busiest_rank_bytes({name: (shape, tp_dim)}, dp, tp),
+                _busiest({name: (shape, tp_dim)}, dp, tp),
             )
-    return "your count matches torch.chunk's shards on the notebook's model and 20 random uneven ones."
+            if one != want_one:
+                split = "left whole by TP" if tp_dim is None else f"split over 'tp' along dim {tp_dim}"
+                raise Wrong(
+                    f"{case}: for {name} alone, of shape {shape} and {split}, you return {one:,} B; "
+                    f"rank (0, 0) holds {want_one:,} B ({want_one // 16:,} numbers × 16 B). The whole model: "
+                    f"you return {got:,} B, rank (0, 0) holds {want:,} B."
+                )
+        raise Wrong(
+            f"{case}: you return {got:,} B for the whole model, rank (0, 0) holds {want:,} B, though every "
+            "parameter alone comes out right: the total must be the sum of the parameters' bytes."
+        )
+    return (
+        "your count matches torch.chunk's shards on section 4's 5-row layer and model, and on 20 random "
+        "models with uneven 'dp' splits."
+    )
